@@ -1,0 +1,40 @@
+# Fresh machine: `make demo` (embedded pipeline on an example) and `make test` (every test).
+SHELL := /bin/bash
+VENV = $(shell scripts/setup-venv.sh | tail -n 1)
+PY = $(VENV)/bin/python
+EXAMPLE ?= examples/resnet50.yaml
+
+.PHONY: demo test lint unit control-plane dev-cluster crds mlflow-ui
+
+demo:
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/kompile run $(EXAMPLE)
+
+test:
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && \
+	  bin=$$(scripts/build-control-plane.sh | tail -n 1) && \
+	  export KOMPILE_K8S_BIN=$$bin && \
+	  $$v/bin/ruff check kompile tests benchmarks examples && \
+	  $$v/bin/mypy && \
+	  $$v/bin/lint-imports && \
+	  $$v/bin/python -m pytest -q $(PYTEST_ARGS)
+
+unit:
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+lint:
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/ruff check kompile tests benchmarks examples && $$v/bin/mypy && $$v/bin/lint-imports
+
+crds:
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/kompile crd --out crds/
+
+control-plane:
+	@scripts/build-control-plane.sh
+
+dev-cluster:
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && \
+	  export KOMPILE_K8S_BIN=$$(scripts/build-control-plane.sh | tail -n 1) && \
+	  $$v/bin/python -m kompile.devcluster
+
+mlflow-ui:
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && \
+	  $$v/bin/mlflow ui --backend-store-uri sqlite:///.kompile/mlflow.db --port 5000

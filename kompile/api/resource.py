@@ -1,0 +1,95 @@
+"""The CompiledModel resource as a whole, and loading it from YAML with errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from kompile.api.base import ApiModel
+from kompile.api.spec import DNS_LABEL_PATTERN, CompiledModelSpec
+from kompile.api.status import CompiledModelStatus
+
+GROUP = "kompile.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "CompiledModel"
+PLURAL = "compiledmodels"
+SINGULAR = "compiledmodel"
+SHORT_NAMES = ["cmodel"]
+
+
+class ObjectMeta(ApiModel):
+    """The parts of Kubernetes ObjectMeta the pipeline reads; the rest is kept as it is."""
+
+    model_config = ApiModel.model_config | {"extra": "allow"}
+
+    name: str = Field(description="Name of the CompiledModel.", max_length=63, pattern=DNS_LABEL_PATTERN)
+    namespace: str | None = Field(default=None, description="Namespace.")
+    uid: str | None = Field(default=None, description="UID assigned by the API server.")
+    generation: int | None = Field(default=None, description="Generation of the spec.")
+
+
+class CompiledModel(ApiModel):
+    """A CompiledModel document."""
+
+    api_version: Literal["kompile.dev/v1alpha1"] = Field(description="kompile.dev/v1alpha1")
+    kind: Literal["CompiledModel"] = Field(description="CompiledModel")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: CompiledModelSpec = Field(description="Desired state.")
+    status: CompiledModelStatus | None = Field(default=None, description="Observed state.")
+
+
+class ManifestError(ValueError):
+    """A manifest a user must fix; the message says which field and what to change."""
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid CompiledModel manifest:"]
+    for e in err.errors():
+        # pydantic appends the validator's class name for model validators; drop Python-only noise.
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check its spelling; `kubectl explain compiledmodel.spec` lists fields)"
+        lines.append(f"  - {_field_path(loc) or '(document)'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_manifest(doc: Any, source: str = "manifest") -> CompiledModel:
+    """Validate one parsed YAML document as a CompiledModel."""
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{source}: expected a YAML mapping with apiVersion, kind, metadata and spec")
+    if doc.get("kind") != KIND or doc.get("apiVersion") != API_VERSION:
+        raise ManifestError(
+            f"{source}: expected apiVersion: {API_VERSION} and kind: {KIND}, "
+            f"got apiVersion: {doc.get('apiVersion')!r}, kind: {doc.get('kind')!r}"
+        )
+    try:
+        return CompiledModel.model_validate(doc)
+    except ValidationError as err:
+        raise ManifestError(format_validation_error(err, source)) from None
+
+
+def load_manifest(path: str | Path) -> CompiledModel:
+    """Read a YAML file holding one CompiledModel document."""
+    p = Path(path)
+    if not p.is_file():
+        raise ManifestError(f"{p}: no such manifest file")
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{p}: not valid YAML: {err}") from None
+    models = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(models) != 1:
+        raise ManifestError(f"{p}: expected exactly one CompiledModel document, found {len(models)}")
+    return parse_manifest(models[0], str(p))

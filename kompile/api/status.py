@@ -1,0 +1,247 @@
+"""CompiledModel status: typed, so the API server never prunes what the operator writes.
+
+The same document is what `kompile run --json` prints, so a local run and a cluster run can be
+compared field for field.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import Field
+
+from kompile.api.base import ApiModel
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
+
+# Condition types the operator and the local pipeline write.
+COMPILED = "Compiled"
+VALIDATED = "Validated"
+READY = "Ready"
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Condition type, for example Ready, Compiled, Validated.", max_length=316)
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        description="CamelCase reason for the condition's last transition.",
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+    )
+    message: str = Field(default="", description="Human-readable details.", max_length=32768)
+    last_transition_time: str = Field(
+        description="When status last changed (RFC 3339); unchanged when only the message changes."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation this condition was computed from."
+    )
+
+
+class LatencyStats(ApiModel):
+    """Latency of one runtime at one batch size."""
+
+    batch_size: int = Field(description="Batch size timed.", ge=1)
+    p50_ms: float = Field(description="Median latency in milliseconds.")
+    p90_ms: float = Field(description="90th percentile latency in milliseconds.")
+    p99_ms: float = Field(description="99th percentile latency in milliseconds.")
+    throughput: float = Field(description="Samples per second at this batch size.")
+
+
+class OutputCheck(ApiModel):
+    """Validation figures for one model output."""
+
+    name: str = Field(description="Output name.")
+    max_abs_error: float = Field(description="Largest absolute difference seen.")
+    max_rel_error: float = Field(description="Largest relative difference seen.")
+    cosine: float = Field(description="Smallest per-sample cosine similarity seen.")
+    top_k_agreement: float | None = Field(
+        default=None, description="Share of samples whose top-k classes match (classifier outputs)."
+    )
+    finite: bool = Field(description="False when the artifact produced NaN or Inf.")
+
+
+class Thresholds(ApiModel):
+    """The thresholds a verdict was held to (precision defaults merged with overrides)."""
+
+    max_abs_error: float | None = Field(default=None, description="Largest allowed absolute difference.")
+    max_rel_error: float | None = Field(default=None, description="Largest allowed relative difference.")
+    min_cosine: float = Field(description="Smallest allowed cosine similarity.")
+    min_top_k_agreement: float | None = Field(default=None, description="Smallest allowed top-k agreement.")
+    top_k: int = Field(description="k for top-k agreement.")
+
+
+class ValidationResult(ApiModel):
+    """The verdict of comparing an artifact's outputs with the source model's."""
+
+    passed: bool = Field(description="True when every output met every threshold.")
+    samples: int = Field(description="Number of reference samples compared.")
+    outputs: list[OutputCheck] = Field(default_factory=list, description="Figures per output.")
+    thresholds: Thresholds = Field(description="Thresholds the figures were held to.")
+    failures: list[str] = Field(default_factory=list, description="Which thresholds were missed.")
+
+
+class Artifact(ApiModel):
+    """Where a compiled artifact is stored."""
+
+    uri: str = Field(description="URI of the model repository entry (Triton layout).")
+    digest: str = Field(description="sha256 of the compiled model file, as sha256:<hex>.")
+    size_bytes: int | None = Field(default=None, description="Size of the compiled model file.")
+
+
+class TargetStatus(ApiModel):
+    """Observed state of one target."""
+
+    name: str = Field(description="Target name (from spec.targets or the hardware class).")
+    backend: str = Field(description="Backend that built the artifact.")
+    precision: str = Field(description="Precision of the artifact.")
+    phase: TargetPhase = Field(description="Pending, Running, Succeeded, Failed or Skipped.")
+    hardware_class: str | None = Field(default=None, description="Hardware class the target is for.")
+    job: str | None = Field(default=None, description="Name of the compile Job.")
+    node: str | None = Field(default=None, description="Node the compile ran on.")
+    cached: bool = Field(default=False, description="True when a cached artifact was reused.")
+    cache_key: str | None = Field(default=None, description="Content address of the compile.")
+    artifact: Artifact | None = Field(default=None, description="The compiled artifact.")
+    latency: list[LatencyStats] = Field(default_factory=list, description="Artifact latency per batch size.")
+    eager_latency: list[LatencyStats] = Field(
+        default_factory=list, description="Eager source model latency per batch size, same run."
+    )
+    speedup: float | None = Field(default=None, description="Eager p50 / artifact p50 at the first batch size.")
+    validation: ValidationResult | None = Field(default=None, description="Validation verdict.")
+    registered_version: str | None = Field(default=None, description="MLflow model version.")
+    reason: str | None = Field(default=None, description="CamelCase reason when the phase is Failed or Skipped.")
+    message: str | None = Field(default=None, description="Details, for example the tail of the error.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Per-target conditions (Compiled, Validated).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class BestTarget(ApiModel):
+    """The fastest validated target."""
+
+    target: str = Field(description="Name of the best target.")
+    speedup: float | None = Field(default=None, description="Its speedup over eager.")
+    p50_ms: float | None = Field(default=None, description="Its median latency at the first batch size.")
+
+
+class Baseline(ApiModel):
+    """A reference runtime timed beside the artifacts (eager PyTorch, torch.compile)."""
+
+    name: str = Field(description="Baseline name: eager or torch.compile.")
+    latency: list[LatencyStats] = Field(default_factory=list, description="Latency per batch size.")
+    compile_seconds: float | None = Field(default=None, description="Time spent compiling, if any.")
+
+
+class RegistryStatus(ApiModel):
+    """Where the run was recorded."""
+
+    tracking_uri: str | None = Field(default=None, description="MLflow tracking URI used.")
+    model_name: str | None = Field(default=None, description="Registered model name.")
+    run_id: str | None = Field(default=None, description="MLflow parent run id.")
+
+
+class RolloutStatus(ApiModel):
+    """Observed state of the KServe rollout."""
+
+    phase: str | None = Field(default=None, description="Rollout phase.")
+    inference_service: str | None = Field(default=None, description="InferenceService name.")
+    message: str | None = Field(default=None, description="Details.")
+
+
+class CompiledModelStatus(ApiModel):
+    """Observed state of a CompiledModel."""
+
+    observed_generation: int | None = Field(default=None, description="Generation last acted on.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Summary conditions: Compiled, Validated and Ready.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    targets: list[TargetStatus] = Field(
+        default_factory=list,
+        max_length=64,
+        description="One entry per target.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    targets_ready: str | None = Field(default=None, description="Validated targets / all targets, e.g. 2/3.")
+    best: BestTarget | None = Field(default=None, description="The fastest validated target.")
+    source_digest: str | None = Field(default=None, description="sha256 of the source model.")
+    baselines: list[Baseline] = Field(
+        default_factory=list, max_length=8, description="Reference runtimes timed in the same run."
+    )
+    registry: RegistryStatus | None = Field(default=None, description="Registry results.")
+    rollout: RolloutStatus | None = Field(default=None, description="Rollout results.")
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str = "",
+    generation: int | None = None,
+) -> list[Condition]:
+    """Return conditions with `type_` set; lastTransitionTime moves only when status changes."""
+    previous = next((c for c in conditions if c.type == type_), None)
+    when = previous.last_transition_time if previous and previous.status == status else now_rfc3339()
+    new = Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=when,
+        observed_generation=generation,
+    )
+    return [c for c in conditions if c.type != type_] + [new]
+
+
+def summarize(status: CompiledModelStatus, generation: int | None = None) -> CompiledModelStatus:
+    """Derive targetsReady, best and the summary conditions from the per-target results."""
+    targets = status.targets
+    done = [t for t in targets if t.phase in ("Succeeded", "Failed", "Skipped")]
+    valid = [t for t in targets if t.phase == "Succeeded" and t.validation and t.validation.passed]
+    considered = [t for t in targets if t.phase != "Skipped"]
+    status.targets_ready = f"{len(valid)}/{len(considered)}"
+    timed = [t for t in valid if t.latency]
+    if timed:
+        best = min(timed, key=lambda t: t.latency[0].p50_ms)
+        status.best = BestTarget(target=best.name, speedup=best.speedup, p50_ms=best.latency[0].p50_ms)
+    else:
+        status.best = None
+
+    conds = status.conditions
+    compiled = [t for t in considered if t.artifact is not None]
+    if len(done) < len(targets):
+        conds = set_condition(conds, COMPILED, "Unknown", "Compiling", "targets still compiling", generation)
+        conds = set_condition(conds, VALIDATED, "Unknown", "Compiling", "", generation)
+        conds = set_condition(conds, READY, "False", "Progressing", "compile in progress", generation)
+    else:
+        failed = [t for t in considered if t not in valid]
+        if len(compiled) == len(considered) and considered:
+            conds = set_condition(conds, COMPILED, "True", "AllCompiled", "", generation)
+        else:
+            names = ", ".join(t.name for t in considered if t.artifact is None) or "no target"
+            conds = set_condition(conds, COMPILED, "False", "CompileFailed", f"not compiled: {names}", generation)
+        if considered and not failed:
+            conds = set_condition(conds, VALIDATED, "True", "AllValidated", "", generation)
+            msg = f"{len(valid)}/{len(considered)} targets validated"
+            conds = set_condition(conds, READY, "True", "Validated", msg, generation)
+        else:
+            detail = "; ".join(f"{t.name}: {t.reason or 'Failed'}" for t in failed) or "no target to build"
+            reason = failed[0].reason or "TargetFailed" if failed else "NoTargets"
+            conds = set_condition(conds, VALIDATED, "False", reason, detail, generation)
+            conds = set_condition(conds, READY, "False", reason, detail, generation)
+    status.conditions = conds
+    status.observed_generation = generation
+    return status

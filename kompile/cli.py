@@ -1,0 +1,103 @@
+"""`kompile`: the command line. `kompile run MANIFEST` is the embedded default a newcomer tries first.
+
+Exit codes: 0 when every target this machine can serve validated; 1 when a target failed to
+compile or validate; 2 when the input is wrong (manifest, source, inputs, export).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from kompile.api.resource import ManifestError, load_manifest
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Compile one trained model for every kind of hardware.")
+err_console = Console(stderr=True)
+
+EXIT_TARGET_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@app.command()
+def run(
+    manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the status document (CRD status shape) on stdout.")] = False,
+    work_dir: Annotated[Path, typer.Option(help="Scratch, cache and default stores.")] = Path(".kompile"),
+    artifacts: Annotated[Path | None, typer.Option(help="Artifact root; default: spec.registry.artifactStore or WORK_DIR/artifacts.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI; default: sqlite under WORK_DIR.")] = None,
+    register: Annotated[bool, typer.Option(help="Record runs and versions in MLflow.")] = True,
+    target: Annotated[list[str] | None, typer.Option(help="Only these targets (repeatable).")] = None,
+) -> None:
+    """Compile, validate, benchmark and register MANIFEST's model on this machine."""
+    from kompile.local_run import LocalRunSettings, execute
+
+    try:
+        cm = load_manifest(manifest)
+    except ManifestError as err:
+        raise _fail(str(err)) from None
+    settings = LocalRunSettings(
+        manifest=manifest, work_dir=work_dir, artifacts=artifacts, tracking_uri=tracking_uri,
+        register=register, targets=target or None, json_out=json_out,
+    )
+    started = time.perf_counter()
+    code, message = execute(cm, settings, err_console)
+    if message:
+        raise _fail(message, code)
+    if not json_out:
+        err_console.print(f"done in {time.perf_counter() - started:.1f}s")
+    raise typer.Exit(code)
+
+
+@app.command()
+def check(manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file.")]) -> None:
+    """Validate a manifest against the API without running anything."""
+    try:
+        cm = load_manifest(manifest)
+    except ManifestError as err:
+        raise _fail(str(err)) from None
+    err_console.print(f"{manifest}: valid CompiledModel {cm.metadata.name!r}")
+
+
+@app.command()
+def crd(
+    out: Annotated[Path | None, typer.Option(help="Write the CRD YAML into this folder instead of stdout.")] = None,
+    check_drift: Annotated[bool, typer.Option("--check", help="Exit 1 when the file in OUT differs from the models.")] = False,
+) -> None:
+    """Print (or write) the CompiledModel CRD generated from the API models."""
+    from kompile.api.crd import CRD_FILENAME, render_crd
+
+    text = render_crd()
+    if out is None:
+        sys.stdout.write(text)
+        return
+    path = out / CRD_FILENAME
+    if check_drift:
+        if not path.exists() or path.read_text() != text:
+            raise _fail(f"{path} is out of date with kompile/api: run `kompile crd --out {out}`", 1)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    err_console.print(f"wrote {path}")
+
+
+def main() -> None:
+    app()
+
+
+def print_json(doc: object) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

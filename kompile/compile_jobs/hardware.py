@@ -1,0 +1,57 @@
+"""This machine's hardware class, and which targets it can serve.
+
+A class name is what the artifact depends on: architecture and the widest vector ISA for CPUs
+(ONNX Runtime's saved layouts and int8 kernels differ by ISA), product and compute capability for
+GPUs. The operator derives the same names from node labels.
+"""
+
+from __future__ import annotations
+
+import platform
+from functools import cache
+from pathlib import Path
+
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def cpu_isa(flags: set[str], arch: str) -> str:
+    """The widest vector ISA that changes which kernels run."""
+    if arch == "amd64":
+        if "avx512_vnni" in flags or "avx512vnni" in flags:
+            return "avx512vnni"
+        if "avx512f" in flags:
+            return "avx512"
+        if "avx_vnni" in flags:
+            return "avxvnni"
+        if "avx2" in flags:
+            return "avx2"
+        return "sse"
+    if arch == "arm64":
+        return "dotprod" if "asimddp" in flags else "neon"
+    return "generic"
+
+
+@cache
+def local_cpu_class() -> str:
+    arch = _ARCH.get(platform.machine().lower(), platform.machine().lower())
+    flags: set[str] = set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return f"cpu-{arch}-{cpu_isa(flags, arch)}"
+
+
+def local_cuda_class() -> str | None:
+    """GPU class of device 0, or None without CUDA (imports torch lazily)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    product = torch.cuda.get_device_name(0).replace(" ", "-")
+    return f"gpu-{product}-sm{major}{minor}"

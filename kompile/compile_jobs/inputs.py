@@ -1,0 +1,119 @@
+"""Reference inputs: read from a dataset file, or generated deterministically from the signature.
+
+A feed is one dict of numpy arrays keyed by input name, ready for a runner. Validation compares
+the source model and each artifact feed by feed, so per-sample figures (cosine, top-k) are honest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kompile.api.spec import InputSpec
+
+Feed = dict[str, np.ndarray[Any, Any]]
+
+_NUMPY_DTYPES: dict[str, Any] = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": np.float32,  # numpy has no bfloat16; the exporter casts at the boundary
+    "int64": np.int64,
+    "int32": np.int32,
+    "bool": np.bool_,
+}
+
+
+class InputMismatch(ValueError):
+    """Reference inputs that do not fit the declared signature (or the model)."""
+
+
+def numpy_dtype(dtype: str) -> Any:
+    return _NUMPY_DTYPES[dtype]
+
+
+def batch_dim(signature: Sequence[InputSpec]) -> str | None:
+    """Name of the batch dimension: the dynamic dim on axis 0 of the first input, if any."""
+    for d in signature[0].dynamic_dims or []:
+        if d.axis == 0:
+            return d.name
+    return None
+
+
+def _generate_one(spec: InputSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    dt = numpy_dtype(spec.dtype)
+    if spec.dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dt, np.integer):
+        low = int(spec.low) if spec.low is not None else 0
+        high = int(spec.high) if spec.high is not None else 2
+        return rng.integers(low, high, size=shape, dtype=np.int64).astype(dt)
+    if spec.low is not None or spec.high is not None:
+        low = spec.low if spec.low is not None else 0.0
+        high = spec.high if spec.high is not None else low + 1.0
+        return rng.uniform(low, high, size=shape).astype(dt)
+    return rng.standard_normal(size=shape).astype(dt)
+
+
+def generate_feeds(
+    signature: Sequence[InputSpec], samples: int, seed: int, sizes: dict[str, int] | None = None
+) -> list[Feed]:
+    """`samples` feeds drawn from a seeded generator; dynamic dims at opt unless `sizes` names them."""
+    rng = np.random.default_rng(seed)
+    feeds: list[Feed] = []
+    for _ in range(samples):
+        feeds.append({s.name: _generate_one(s, s.concrete_shape(sizes), rng) for s in signature})
+    return feeds
+
+
+def _check_array(spec: InputSpec, arr: np.ndarray[Any, Any], source: str) -> np.ndarray[Any, Any]:
+    if arr.ndim != len(spec.shape):
+        raise InputMismatch(
+            f"{source}: input {spec.name!r} has {arr.ndim} dimensions {list(arr.shape)}, "
+            f"the signature declares {len(spec.shape)} {spec.shape}"
+        )
+    ranges = {d.axis: d for d in spec.dynamic_dims or []}
+    for axis, (want, got) in enumerate(zip(spec.shape, arr.shape, strict=True)):
+        if want == -1:
+            d = ranges[axis]
+            if not d.min <= got <= d.max and axis != 0:
+                raise InputMismatch(
+                    f"{source}: input {spec.name!r} axis {axis} ({d.name}) is {got}, "
+                    f"outside its declared range [{d.min}, {d.max}]"
+                )
+        elif want != got and not (axis == 0 and 0 in ranges):
+            raise InputMismatch(
+                f"{source}: input {spec.name!r} has shape {list(arr.shape)}, the signature declares "
+                f"{spec.shape} (axis {axis}: {got} != {want}); fix spec.inputs or the dataset"
+            )
+    try:
+        return arr.astype(numpy_dtype(spec.dtype), casting="same_kind")
+    except TypeError:
+        raise InputMismatch(
+            f"{source}: input {spec.name!r} holds {arr.dtype}, the signature declares {spec.dtype}"
+        ) from None
+
+
+def load_dataset(path: Path, signature: Sequence[InputSpec]) -> list[Feed]:
+    """Read an .npz keyed by input name. Axis 0 holds samples; each becomes a feed of batch 1
+    when the batch dimension is dynamic, otherwise the arrays are one feed as they are."""
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise InputMismatch(f"{path}: cannot read the dataset as .npz: {err}") from None
+    missing = [s.name for s in signature if s.name not in data.files]
+    if missing:
+        raise InputMismatch(
+            f"{path}: dataset has arrays {sorted(data.files)}, missing inputs {missing} "
+            "(keys must be the input names of spec.inputs)"
+        )
+    arrays = {s.name: _check_array(s, data[s.name], str(path)) for s in signature}
+    if batch_dim(signature) is None:
+        return [arrays]
+    count = {a.shape[0] for a in arrays.values()}
+    if len(count) != 1:
+        raise InputMismatch(f"{path}: inputs disagree on the number of samples (axis 0): {sorted(count)}")
+    n = count.pop()
+    return [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(n)]

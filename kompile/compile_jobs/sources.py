@@ -1,0 +1,187 @@
+"""Fetch and load the trained model a manifest points at, and record its sha256 digest.
+
+Supported: a local path or file://, s3:// (boto3; endpoint from the manifest or AWS_ENDPOINT_URL),
+MLflow models (models:/name/version, runs:/id/path), and python://module:factory. Formats: .pt2
+(torch.export archive), .pt/.pth (TorchScript), .onnx, an MLflow model folder, a Python factory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from kompile.api.spec import Source
+
+_SUFFIX_FORMATS = {".pt2": "pt2", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript", ".onnx": "onnx"}
+
+
+class SourceError(ValueError):
+    """The source cannot be fetched or loaded; the message says what to change."""
+
+
+@dataclass
+class LoadedSource:
+    """A source model ready for export and for computing reference outputs."""
+
+    uri: str
+    format: str
+    digest: str
+    module: Any = None
+    """The eager torch module (None when the source is ONNX: its reference is ONNX Runtime unoptimized)."""
+    onnx_path: Path | None = None
+    lineage: dict[str, str] = field(default_factory=dict)
+    """Where the source came from beyond its URI (for example the MLflow model version)."""
+
+    @property
+    def label(self) -> str:
+        return type(self.module).__qualname__ if self.module is not None else Path(self.uri).name
+
+
+def detect_format(uri: str) -> str:
+    if uri.startswith("python://"):
+        return "python"
+    if uri.startswith(("models:/", "runs:/")):
+        return "mlflow"
+    suffix = Path(urlparse(uri).path).suffix.lower()
+    if suffix in _SUFFIX_FORMATS:
+        return _SUFFIX_FORMATS[suffix]
+    raise SourceError(
+        f"spec.source.uri {uri!r}: cannot tell the format from the file name; name a .pt2, .pt, "
+        ".onnx file or set spec.source.format (pt2, torchscript, onnx, mlflow, python)"
+    )
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def sha256_tree(root: Path) -> str:
+    """Digest of a folder: names and contents of every file, in sorted order."""
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(sha256_file(p).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def fetch(uri: str, cache_dir: Path, base_dir: Path, s3_endpoint: str | None = None) -> Path:
+    """A local path for a file source, downloading s3:// objects into cache_dir."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        return _fetch_s3(parsed.netloc, parsed.path.lstrip("/"), cache_dir, s3_endpoint)
+    path = Path(parsed.path) if parsed.scheme == "file" else Path(uri)
+    if not path.is_absolute():
+        path = base_dir / path
+    if not path.is_file():
+        raise SourceError(f"spec.source.uri: {path} does not exist (paths are relative to the manifest)")
+    return path
+
+
+def _fetch_s3(bucket: str, key: str, cache_dir: Path, endpoint: str | None) -> Path:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    dest = cache_dir / "s3" / bucket / key
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    client = boto3.client("s3", endpoint_url=endpoint) if endpoint else boto3.client("s3")
+    try:
+        client.download_file(bucket, key, str(dest))
+    except (BotoCoreError, ClientError) as err:
+        raise SourceError(f"spec.source.uri s3://{bucket}/{key}: download failed: {err}") from None
+    return dest
+
+
+def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
+    target = uri.removeprefix("python://")
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise SourceError(f"spec.source.uri {uri!r}: expected python://package.module:factory")
+    # A user's factories live next to their manifest, as the examples' do.
+    if str(base_dir) not in sys.path:
+        sys.path.insert(0, str(base_dir))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise SourceError(f"spec.source.uri {uri!r}: cannot import {module_name!r}: {err}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise SourceError(f"spec.source.uri {uri!r}: {module_name} has no callable {attr!r}")
+    model = factory()
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise SourceError(f"spec.source.uri {uri!r}: {attr}() returned {type(model).__name__}, not an nn.Module")
+    h = hashlib.sha256()
+    if module.__file__:
+        h.update(Path(module.__file__).read_bytes())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return model.eval(), "sha256:" + h.hexdigest()
+
+
+def _load_torch_file(path: Path, fmt: str) -> Any:
+    import torch
+
+    try:
+        if fmt == "pt2":
+            return torch.export.load(str(path)).module()
+        return torch.jit.load(str(path), map_location="cpu").eval()
+    except (RuntimeError, ValueError, OSError) as err:
+        kind = "torch.export archive (.pt2)" if fmt == "pt2" else "TorchScript file"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SourceError(f"{path}: not a loadable {kind}: {first}") from None
+
+
+def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedSource:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir / "mlflow")))
+    except MlflowException as err:
+        raise SourceError(f"spec.source.uri {uri!r}: cannot fetch the MLflow model: {err.message}") from None
+    digest = sha256_tree(local)
+    lineage = {"mlflow.source.uri": uri}
+    onnx_files = sorted(local.rglob("*.onnx"))
+    if onnx_files:
+        return LoadedSource(uri, "mlflow", digest, onnx_path=onnx_files[0], lineage=lineage)
+    module = mlflow.pytorch.load_model(str(local), map_location="cpu")
+    return LoadedSource(uri, "mlflow", digest, module=module.eval(), lineage=lineage)
+
+
+def load_source(
+    source: Source, base_dir: Path, cache_dir: Path, s3_endpoint: str | None = None,
+    tracking_uri: str | None = None,
+) -> LoadedSource:
+    """Fetch, digest and load the manifest's source."""
+    fmt = detect_format(source.uri) if source.format == "auto" else source.format
+    if fmt == "python":
+        module, digest = _load_python(source.uri, base_dir)
+        loaded = LoadedSource(source.uri, fmt, digest, module=module)
+    elif fmt == "mlflow":
+        loaded = _load_mlflow(source.uri, cache_dir, tracking_uri)
+    else:
+        path = fetch(source.uri, cache_dir, base_dir, s3_endpoint)
+        digest = sha256_file(path)
+        if fmt == "onnx":
+            loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path)
+        else:
+            loaded = LoadedSource(source.uri, fmt, digest, module=_load_torch_file(path, fmt))
+    if source.digest and source.digest != loaded.digest:
+        raise SourceError(
+            f"spec.source.digest is {source.digest} but the source's sha256 is {loaded.digest}: "
+            "the model changed; update the digest or point at the intended file"
+        )
+    return loaded

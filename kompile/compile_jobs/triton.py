@@ -1,0 +1,91 @@
+"""Triton model repository layout: `<root>/<model>/config.pbtxt` and `<root>/<model>/1/<file>`.
+
+KServe's Triton runtime serves `storageUri` = `<root>`. The config builder is a pure function, tested
+without files; `write_model_repository` is the thin side-effecting shell around it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_TRITON_TYPES = {
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "bfloat16": "TYPE_BF16",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "bool": "TYPE_BOOL",
+    "int8": "TYPE_INT8",
+    "uint8": "TYPE_UINT8",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, element type and shape (-1 for a dynamic dimension) of one model input or output."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _tensor_block(kind: str, tensors: Sequence[TensorSpec], batched: bool) -> str:
+    items = []
+    for t in tensors:
+        dims = t.shape[1:] if batched else t.shape
+        dims_text = ", ".join(str(d) for d in dims) or "1"
+        items.append(
+            f'  {{\n    name: "{t.name}"\n    data_type: {_TRITON_TYPES[t.dtype]}\n    dims: [ {dims_text} ]\n  }}'
+        )
+    return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
+
+
+def config_pbtxt(
+    model_name: str,
+    platform: str,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    max_batch_size: int,
+    instance_kind: str = "KIND_CPU",
+    model_filename: str | None = None,
+) -> str:
+    """Triton's config.pbtxt. With max_batch_size > 0 Triton owns axis 0, so dims omit it."""
+    batched = max_batch_size > 0
+    text = f'name: "{model_name}"\nplatform: "{platform}"\nmax_batch_size: {max_batch_size}\n'
+    if model_filename:
+        text += f'default_model_filename: "{model_filename}"\n'
+    text += _tensor_block("input", inputs, batched)
+    text += _tensor_block("output", outputs, batched)
+    text += f"instance_group [\n  {{\n    count: 1\n    kind: {instance_kind}\n  }}\n]\n"
+    return text
+
+
+def write_model_repository(
+    root: Path, model_name: str, model_file: Path, model_filename: str, config: str
+) -> Path:
+    """Lay out one model under root; returns the model's folder."""
+    model_dir = root / model_name
+    version_dir = model_dir / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_file, version_dir / model_filename)
+    (model_dir / "config.pbtxt").write_text(config)
+    return model_dir
+
+
+def onnx_io(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs and outputs of an ONNX graph as TensorSpecs (symbolic dims become -1)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    init = {t.name for t in model.graph.initializer}
+
+    def spec(v: onnx.ValueInfoProto) -> TensorSpec:
+        tt = v.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+        return TensorSpec(v.name, dtype, dims)
+
+    return [spec(i) for i in model.graph.input if i.name not in init], [spec(o) for o in model.graph.output]

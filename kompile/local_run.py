@@ -1,0 +1,134 @@
+"""`kompile run`: the pipeline on this machine, with a live display, MLflow and a summary table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from kompile.api.resource import CompiledModel
+from kompile.api.status import CompiledModelStatus, TargetStatus
+from kompile.compile_jobs.export import ExportError
+from kompile.compile_jobs.inputs import InputMismatch
+from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, Reporter, run_pipeline
+from kompile.compile_jobs.sources import SourceError
+
+
+@dataclass
+class LocalRunSettings:
+    manifest: Path
+    work_dir: Path
+    artifacts: Path | None
+    tracking_uri: str | None
+    register: bool
+    targets: list[str] | None
+    json_out: bool
+
+
+class RichReporter:
+    """A spinner with the current stage, and one line per finished target."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.status: Status = console.status("starting")
+        self.status.start()
+
+    def stage(self, target: str | None, message: str) -> None:
+        self.status.update(f"[bold]{target or 'pipeline'}[/]: {message}")
+        self.console.log(f"[dim]{target or 'pipeline'}[/] {message}", highlight=False)
+
+    def finished(self, target: TargetStatus) -> None:
+        color = {"Succeeded": "green", "Failed": "red"}.get(target.phase, "yellow")
+        extra = f" ({target.reason}: {target.message})" if target.message else ""
+        self.console.log(f"[{color}]{target.phase}[/] {target.name}{extra}", highlight=False)
+
+    def stop(self) -> None:
+        self.status.stop()
+
+
+def _artifact_root(cm: CompiledModel, s: LocalRunSettings) -> Path:
+    if s.artifacts is not None:
+        return s.artifacts.resolve()
+    store = cm.spec.registry.artifact_store if cm.spec.registry else None
+    if store and not store.startswith("s3://"):
+        path = Path(store.removeprefix("file://"))
+        return path if path.is_absolute() else (s.manifest.parent / path).resolve()
+    return (s.work_dir / "artifacts").resolve()
+
+
+def _tracking_uri(cm: CompiledModel, s: LocalRunSettings) -> str:
+    if s.tracking_uri:
+        return s.tracking_uri
+    if cm.spec.registry and cm.spec.registry.tracking_uri:
+        return cm.spec.registry.tracking_uri
+    return f"sqlite:///{(s.work_dir / 'mlflow.db').resolve()}"
+
+
+def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[int, str | None]:
+    """Run and report. Returns (exit code, error message for bad input or None)."""
+    s.work_dir.mkdir(parents=True, exist_ok=True)
+    opts = PipelineOptions(
+        base_dir=s.manifest.parent.resolve(), work_dir=s.work_dir.resolve(),
+        artifact_root=_artifact_root(cm, s), only_targets=s.targets,
+    )
+    live = console.is_terminal and not s.json_out
+    reporter: Reporter = RichReporter(console) if live else LogReporter(lambda m: console.print(m, highlight=False))
+    try:
+        result = run_pipeline(cm, opts, reporter)
+        if s.register and any(t.artifact for t in result.status.targets):
+            from kompile.registry import TargetRecord, record
+
+            reporter.stage(None, "registering in MLflow")
+            records = [TargetRecord(b.status, b.repo_dir / cm.metadata.name, b.params) for b in result.built]
+            result.status.registry = record(cm, result.status, records, _tracking_uri(cm, s), result.lineage)
+    except (SourceError, ExportError, InputMismatch) as err:
+        return 2, str(err)
+    finally:
+        if isinstance(reporter, RichReporter):
+            reporter.stop()
+    status = result.status
+    if s.json_out:
+        sys.stdout.write(json.dumps(status.to_wire(), indent=2) + "\n")
+    else:
+        console.print(summary_table(cm, status))
+        if status.registry:
+            console.print(
+                f"MLflow: model [bold]{status.registry.model_name}[/], run {status.registry.run_id} "
+                f"({status.registry.tracking_uri}); open it with `make mlflow-ui`", highlight=False,
+            )
+    servable = [t for t in status.targets if t.phase != "Skipped"]
+    if not servable:
+        return 1, "no target can run on this machine: " + "; ".join(
+            f"{t.name}: {t.message}" for t in status.targets)
+    ok = all(t.phase == "Succeeded" for t in servable)
+    return (0 if ok else 1), None
+
+
+def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
+    eager = status.baselines[0].latency[0].p50_ms if status.baselines and status.baselines[0].latency else None
+    title = f"{cm.metadata.name}: {status.targets_ready} targets validated"
+    if eager is not None:
+        title += f" (eager p50 {eager:.2f} ms)"
+    table = Table(title=title)
+    for col in ("target", "backend", "precision", "p50 ms", "speedup", "max abs err", "cosine", "verdict", "MLflow"):
+        table.add_column(col, justify="right" if col in ("p50 ms", "speedup", "max abs err", "cosine") else "left")
+    for t in status.targets:
+        v = t.validation
+        err = max((o.max_abs_error for o in v.outputs), default=None) if v else None
+        cos = min((o.cosine for o in v.outputs), default=None) if v else None
+        verdict = {"Succeeded": "[green]validated[/]", "Skipped": "[yellow]skipped[/]"}.get(
+            t.phase, f"[red]{t.reason or 'failed'}[/]")
+        table.add_row(
+            t.name, t.backend, t.precision,
+            f"{t.latency[0].p50_ms:.2f}" if t.latency else "-",
+            f"{t.speedup:.2f}x" if t.speedup else "-",
+            f"{err:.2e}" if err is not None else "-",
+            f"{cos:.5f}" if cos is not None else "-",
+            verdict, t.registered_version or "-",
+        )
+    return table

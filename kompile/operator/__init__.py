@@ -1,0 +1,1 @@
+"""The Kopf operator. Never imports torch or a compiler."""

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create (once) the project's virtual environment under ~/.cache/kompile, keyed by the hash of
+# requirements/lock.txt, so nothing installed by hand can hide in it; then install kompile itself
+# into it (editable, no deps: fast on every run). Prints the venv path as its last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+lock=requirements/lock.txt
+key=$(sha256sum "$lock" | cut -c1-16)
+venv="${KOMPILE_CACHE:-$HOME/.cache/kompile}/venv-py311-$key"
+if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
+  echo ">> creating $venv from $lock (first run: torch is several GB, allow ~10 minutes)" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q -U pip
+  "$venv/bin/python" -m pip install -q --progress-bar off -r "$lock"
+  touch "$venv/.complete"
+fi
+"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
+echo "$venv"

@@ -1,0 +1,157 @@
+"""The API models: manifests parse, bad ones are refused naming the field, the CRD matches the models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kompile.api import ManifestError, load_manifest, parse_manifest
+from kompile.api.crd import CRD_FILENAME, build_crd, render_crd
+from kompile.api.status import (
+    CompiledModelStatus,
+    LatencyStats,
+    TargetStatus,
+    Thresholds,
+    ValidationResult,
+    set_condition,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def minimal() -> dict:
+    return {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "m"},
+        "spec": {
+            "source": {"uri": "python://models.small:small_cnn"},
+            "inputs": [{"name": "input", "shape": [1, 3, 8, 8]}],
+            "targets": [{"name": "cpu", "backend": "onnxruntime"}],
+        },
+    }
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_parses(path: Path) -> None:
+    cm = load_manifest(path)
+    assert cm.metadata.name
+
+
+def test_defaults_fill_in() -> None:
+    cm = parse_manifest(minimal())
+    assert cm.spec.targets and cm.spec.targets[0].precision == "fp32"
+    assert cm.spec.benchmark.batch_sizes == [1]
+    assert cm.spec.validation.samples >= 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "phrase"),
+    [
+        (lambda d: d["spec"].pop("targets"), "spec", "spec.targets or set spec.fleet.enabled"),
+        (lambda d: d["spec"]["targets"][0].update(backend="tvm"), "spec.targets[0].backend", "Input should be"),
+        (lambda d: d["spec"]["targets"][0].update(precision="fp64"), "spec.targets[0].precision", "Input should be"),
+        (lambda d: d["spec"]["inputs"][0].update(shape=[-1, 3]), "spec.inputs[0]", "dynamicDims"),
+        (lambda d: d["spec"]["inputs"][0].update(dtype="float64"), "spec.inputs[0].dtype", "Input should be"),
+        (lambda d: d["spec"].update(benchmark={"iterations": 0}), "spec.benchmark.iterations", "greater than"),
+        (lambda d: d["spec"].update(rollout={"enabled": True}), "spec", "needs spec.registry"),
+        (lambda d: d["spec"]["source"].update(uri=""), "spec.source.uri", "at least 1"),
+        (lambda d: d["spec"]["source"].update(digest="md5:abc"), "spec.source.digest", "pattern"),
+        (lambda d: d["spec"].update(sorce={}), "spec.sorce", "unknown field"),
+        (lambda d: d["spec"]["targets"][0].update(name="CPU_1"), "spec.targets[0].name", "pattern"),
+        (lambda d: d["spec"]["targets"][0].update(quantization="static"), "spec.targets[0]", "only to precision int8"),
+        (lambda d: d["spec"]["targets"].append({"name": "cpu", "backend": "onnxruntime"}), "spec", "duplicate"),
+    ],
+)
+def test_invalid_manifest_names_the_field(mutate, field: str, phrase: str) -> None:  # type: ignore[no-untyped-def]
+    doc = minimal()
+    mutate(doc)
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(doc, "m.yaml")
+    text = str(info.value)
+    assert f"- {field}" in text, text
+    assert phrase in text, text
+
+
+def test_wrong_kind_is_refused() -> None:
+    doc = minimal() | {"kind": "Deployment"}
+    with pytest.raises(ManifestError, match="kind: CompiledModel"):
+        parse_manifest(doc)
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="no such manifest"):
+        load_manifest(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed")
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        load_manifest(bad)
+
+
+def test_checked_in_crd_matches_models() -> None:
+    path = ROOT / "crds" / CRD_FILENAME
+    assert path.read_text() == render_crd(), "crds/ drifted from kompile/api: run `make crds`"
+
+
+def _walk(schema: dict, path: str = ""):  # type: ignore[no-untyped-def]
+    yield path, schema
+    for name, sub in (schema.get("properties") or {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if "items" in schema:
+        yield from _walk(schema["items"], f"{path}[]")
+
+
+def test_crd_schema_is_structural_and_documented() -> None:
+    crd = build_crd()
+    version = crd["spec"]["versions"][0]
+    root = version["schema"]["openAPIV3Schema"]
+    for part in ("spec", "status"):
+        for path, node in _walk(root["properties"][part], part):
+            text = yaml.safe_dump(node)
+            assert "$ref" not in text and "anyOf" not in text, path
+            assert "type" in node or "x-kubernetes-int-or-string" in node, f"{path} has no type"
+            if not path.endswith("[]"):  # list items are described by their field
+                assert node.get("description"), f"{path} has no description"
+    assert crd["spec"]["names"]["shortNames"] == ["cmodel"]
+    assert version["subresources"] == {"status": {}}
+    targets = root["properties"]["spec"]["properties"]["targets"]
+    assert targets["x-kubernetes-list-type"] == "map"
+    rules = root["properties"]["spec"]["x-kubernetes-validations"]
+    assert any("fleet" in r["rule"] for r in rules)
+
+
+def test_condition_transition_time_moves_only_on_status_change() -> None:
+    conds = set_condition([], "Ready", "False", "Progressing", "a", 1)
+    first = conds[0].last_transition_time
+    conds[0] = conds[0].model_copy(update={"last_transition_time": "2000-01-01T00:00:00Z"})
+    same = set_condition(conds, "Ready", "False", "Progressing", "b", 2)
+    assert same[0].last_transition_time == "2000-01-01T00:00:00Z"
+    assert same[0].message == "b" and same[0].observed_generation == 2
+    flipped = set_condition(same, "Ready", "True", "Validated", "", 2)
+    assert flipped[0].last_transition_time != "2000-01-01T00:00:00Z"
+    assert first
+
+
+def _target(name: str, passed: bool | None, p50: float = 1.0, phase: str = "Succeeded") -> TargetStatus:
+    t = TargetStatus(name=name, backend="onnxruntime", precision="fp32", phase=phase)  # type: ignore[arg-type]
+    if passed is not None:
+        t.validation = ValidationResult(passed=passed, samples=1, thresholds=Thresholds(min_cosine=0.9, top_k=5))
+        t.latency = [LatencyStats(batch_size=1, p50_ms=p50, p90_ms=p50, p99_ms=p50, throughput=1000 / p50)]
+    return t
+
+
+def test_summarize_ready_best_and_failure() -> None:
+    ok = summarize(CompiledModelStatus(targets=[_target("a", True, 2.0), _target("b", True, 1.0)]), 3)
+    ready = next(c for c in ok.conditions if c.type == "Ready")
+    assert ready.status == "True" and ready.observed_generation == 3
+    assert ok.best and ok.best.target == "b" and ok.targets_ready == "2/2"
+
+    bad_target = _target("c", False, phase="Failed")
+    bad_target.reason = "ValidationFailed"
+    bad = summarize(CompiledModelStatus(targets=[_target("a", True), bad_target]), 1)
+    ready = next(c for c in bad.conditions if c.type == "Ready")
+    assert ready.status == "False" and ready.reason == "ValidationFailed" and "c:" in ready.message
+    assert bad.targets_ready == "1/2"
