@@ -111,8 +111,10 @@ def export_onnx(
         if batch_axes:
             dynamic_axes[name] = dict(batch_axes)
     label = f"{loaded.label} (from {loaded.uri})"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", torch.jit.TracerWarning)
+    # Record tracer warnings rather than raising them: raised inside torch's C++ tracer they turn
+    # into an opaque SystemError; recorded, they name the construct and its source line.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", torch.jit.TracerWarning)
         try:
             torch.onnx.export(
                 module,
@@ -125,14 +127,17 @@ def export_onnx(
                 do_constant_folding=True,
                 dynamo=False,
             )
-        except torch.jit.TracerWarning as err:
-            raise ExportError(
-                f"cannot export {label} to ONNX: {_first_line(err)} This is Python control flow or a "
-                "Python value computed from a tensor; a graph cannot hold it. Rewrite it with tensor "
-                "ops (torch.where) or make the branch independent of input values."
-            ) from None
         except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
             raise ExportError(f"cannot export {label} to ONNX: {_construct(err)}") from None
+    tracer = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    if tracer:
+        w = tracer[0]
+        out_path.unlink(missing_ok=True)
+        raise ExportError(
+            f"cannot export {label} to ONNX: {Path(w.filename).name}:{w.lineno}: {_first_line(Exception(w.message))} "
+            "This is Python control flow or a Python value computed from a tensor, which a graph cannot "
+            "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
+        )
     return out_path, output_names
 
 

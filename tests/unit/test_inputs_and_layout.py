@@ -1,0 +1,102 @@
+"""Reference inputs, Triton layout, source format detection and hardware classes (no torch needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kompile.api.spec import InputSpec
+from kompile.compile_jobs import inputs, triton
+from kompile.compile_jobs.hardware import cpu_isa
+from kompile.compile_jobs.sources import SourceError, detect_format, sha256_file
+
+SIG = [
+    InputSpec.model_validate({"name": "ids", "dtype": "int64", "shape": [-1, -1], "low": 0, "high": 100,
+                              "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8},
+                                              {"axis": 1, "name": "seq", "min": 1, "opt": 16, "max": 64}]}),
+    InputSpec.model_validate({"name": "mask", "dtype": "int64", "shape": [-1, -1], "low": 1, "high": 2,
+                              "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8},
+                                              {"axis": 1, "name": "seq", "min": 1, "opt": 16, "max": 64}]}),
+]
+
+
+def test_generated_feeds_are_deterministic_and_shaped() -> None:
+    a = inputs.generate_feeds(SIG, 3, seed=7)
+    b = inputs.generate_feeds(SIG, 3, seed=7)
+    assert len(a) == 3
+    for fa, fb in zip(a, b, strict=True):
+        np.testing.assert_array_equal(fa["ids"], fb["ids"])
+        assert fa["ids"].shape == (1, 16) and fa["ids"].dtype == np.int64
+        assert fa["ids"].max() < 100 and (fa["mask"] == 1).all()
+    big = inputs.generate_feeds(SIG, 1, 0, {"batch": 4})[0]
+    assert big["ids"].shape == (4, 16)
+    assert inputs.batch_dim(SIG) == "batch"
+
+
+def test_dataset_split_into_samples(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, ids=np.zeros((5, 16), np.int64), mask=np.ones((5, 16), np.int32))
+    feeds = inputs.load_dataset(path, SIG)
+    assert len(feeds) == 5 and feeds[0]["ids"].shape == (1, 16) and feeds[0]["mask"].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("arrays", "phrase"),
+    [
+        ({"ids": np.zeros((2, 16), np.int64)}, "missing inputs ['mask']"),
+        ({"ids": np.zeros((2, 16, 3), np.int64), "mask": np.ones((2, 16), np.int64)}, "3 dimensions"),
+        ({"ids": np.zeros((2, 100), np.int64), "mask": np.ones((2, 100), np.int64)}, "outside its declared range"),
+        ({"ids": np.zeros((2, 16), np.int64), "mask": np.ones((3, 16), np.int64)}, "disagree"),
+    ],
+)
+def test_dataset_mismatch_is_explained(tmp_path: Path, arrays: dict, phrase: str) -> None:  # type: ignore[type-arg]
+    path = tmp_path / "d.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(inputs.InputMismatch, match=phrase.replace("[", r"\[").replace("]", r"\]")):
+        inputs.load_dataset(path, SIG)
+
+
+def test_triton_config_batched_and_unbatched() -> None:
+    ins = [triton.TensorSpec("input", "float32", (-1, 3, 224, 224))]
+    outs = [triton.TensorSpec("output", "float32", (-1, 1000))]
+    text = triton.config_pbtxt("resnet", "onnxruntime_onnx", ins, outs, max_batch_size=32)
+    assert 'platform: "onnxruntime_onnx"' in text and "max_batch_size: 32" in text
+    assert "dims: [ 3, 224, 224 ]" in text and "dims: [ 1000 ]" in text and "KIND_CPU" in text
+    flat = triton.config_pbtxt("m", "tensorrt_plan", ins, outs, max_batch_size=0, instance_kind="KIND_GPU")
+    assert "dims: [ -1, 3, 224, 224 ]" in flat and "KIND_GPU" in flat
+
+
+def test_model_repository_layout(tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"onnx")
+    d = triton.write_model_repository(tmp_path / "repo", "resnet", model, "model.onnx", "cfg")
+    assert (d / "config.pbtxt").read_text() == "cfg"
+    assert (d / "1" / "model.onnx").read_bytes() == b"onnx"
+
+
+@pytest.mark.parametrize(
+    ("uri", "fmt"),
+    [("a/model.pt2", "pt2"), ("file:///x/m.pt", "torchscript"), ("s3://b/k/m.onnx", "onnx"),
+     ("models:/resnet/3", "mlflow"), ("runs:/abc/model", "mlflow"), ("python://pkg.mod:f", "python")],
+)
+def test_detect_format(uri: str, fmt: str) -> None:
+    assert detect_format(uri) == fmt
+
+
+def test_unknown_format_says_what_to_do() -> None:
+    with pytest.raises(SourceError, match="set spec.source.format"):
+        detect_format("model.bin")
+
+
+def test_digest(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"abc")
+    assert sha256_file(p) == "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_cpu_isa() -> None:
+    assert cpu_isa({"avx2", "avx512f", "avx512_vnni"}, "amd64") == "avx512vnni"
+    assert cpu_isa({"avx2"}, "amd64") == "avx2"
+    assert cpu_isa({"asimddp"}, "arm64") == "dotprod"
