@@ -91,6 +91,29 @@ def crd(
     err_console.print(f"wrote {path}")
 
 
+@app.command()
+def operator(
+    verbose: Annotated[bool, typer.Option(help="Debug logging.")] = False,
+) -> None:
+    """Run the Kubernetes operator (settings from KOMPILE_* environment variables)."""
+    import kopf
+
+    from kompile.operator import main as operator_main
+
+    s = operator_main.SETTINGS
+    err_console.print(
+        f"kompile operator: watching {', '.join(s.namespaces) or 'all namespaces'}; "
+        f"liveness :{s.health_port}/healthz, metrics :{s.metrics_port}/metrics"
+    )
+    kopf.run(
+        clusterwide=not s.namespaces,
+        namespaces=s.namespaces or None,
+        liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz",
+        standalone=True,
+        debug=verbose,
+    )
+
+
 def main() -> None:
     app()
 

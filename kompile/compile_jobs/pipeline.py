@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from kompile import __version__
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import Target
@@ -133,6 +135,11 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     reference_runner = None if loaded.module is not None else _onnx_reference(onnx_path, threads)
     reporter.stage(None, f"computing reference outputs on {len(feeds)} samples")
     reference = _reference_outputs(loaded, reference_runner, feeds, cm)
+    if not all(np.isfinite(o).all() for outs in reference for o in outs):
+        raise sources.SourceError(
+            f"the source model {loaded.label} itself yields NaN or Inf on the reference inputs: nothing "
+            "can be validated against it; check the model's weights or the input ranges (spec.inputs low/high)"
+        )
 
     result = PipelineResult(status=status, lineage=loaded.lineage)
     for target in targets:

@@ -1,0 +1,49 @@
+"""The compile cache key: a content address for "this source, compiled this way, for this hardware".
+
+Pure and shared: the operator computes it to look for a validated artifact before launching a Job,
+the Job computes the same to know where to publish. Any field that changes the artifact or its
+verdict is in the key; names and benchmark settings are not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from kompile.api.spec import InputSpec, Target, Validation
+
+KEY_VERSION = "1"
+
+
+def cache_key(
+    source_fingerprint: str,
+    target: Target,
+    backend_version: str,
+    hardware_class: str,
+    inputs: Sequence[InputSpec],
+    validation: Validation,
+    model_name: str,
+) -> str:
+    """40 hex characters of sha256 over a canonical JSON of everything that shapes the artifact."""
+    doc = {
+        "v": KEY_VERSION,
+        "source": source_fingerprint,
+        "backend": target.backend,
+        "backendVersion": backend_version,
+        "hardwareClass": hardware_class,
+        "precision": target.precision,
+        "quantization": target.quantization,
+        "options": dict(sorted((target.options or {}).items())),
+        "tolerances": target.tolerances.to_wire() if target.tolerances else None,
+        "inputs": [i.to_wire() for i in inputs],
+        "validation": validation.to_wire(),
+        "model": model_name,
+    }
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:40]
+
+
+def artifact_prefix(store_root: str, key: str) -> str:
+    """Where the artifact for `key` lives: a Triton repository root plus result.json."""
+    return f"{store_root.rstrip('/')}/cache/{key}"

@@ -1,0 +1,146 @@
+"""Compile Job manifests. Pure: (CompiledModel, resolved target, settings) in, a Job dict out.
+
+Retry policy: the Job's backoffLimit retries crashed pods; a podFailurePolicy fails the Job at once
+on exit code 2 (bad input: a retry cannot help). The operator never re-creates a failed Job for the
+same generation, so the two never multiply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from kompile.api.resource import API_VERSION, KIND, CompiledModel
+from kompile.operator.settings import Settings
+from kompile.operator.targets import ResolvedTarget
+
+LABEL_NAME = "kompile.dev/compiledmodel"
+LABEL_UID = "kompile.dev/uid"
+LABEL_GENERATION = "kompile.dev/generation"
+LABEL_TARGET = "kompile.dev/target"
+LABEL_CLASS = "kompile.dev/hardware-class"
+ANNOTATION_CACHE_KEY = "kompile.dev/cache-key"
+ANNOTATION_PREFIX = "kompile.dev/artifact-prefix"
+CONTAINER = "compile"
+EXIT_BAD_INPUT = 2
+RUN_AS = 65532
+
+
+def job_name(cm_name: str, uid: str, generation: int, target: str) -> str:
+    """Deterministic, so a restarted operator finds (409) rather than duplicates its Jobs."""
+    digest = hashlib.sha256(f"{uid}/{generation}/{target}".encode()).hexdigest()[:10]
+    stem = re.sub(r"[^a-z0-9-]", "-", f"{cm_name}-{target}".lower())[:52].strip("-")
+    return f"{stem}-{digest}"
+
+
+def _label_value(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
+
+
+def owner_reference(cm: CompiledModel) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": cm.metadata.name, "uid": cm.metadata.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:
+    doc = {"apiVersion": API_VERSION, "kind": KIND,
+           "metadata": {"name": cm.metadata.name, "namespace": cm.metadata.namespace, "uid": cm.metadata.uid,
+                        "generation": cm.metadata.generation},
+           "spec": cm.spec.to_wire()}
+    registry = cm.spec.registry
+    env = [
+        {"name": "KOMPILE_COMPILED_MODEL", "value": json.dumps(doc, separators=(",", ":"))},
+        {"name": "KOMPILE_TARGET", "value": json.dumps(rt.target.to_wire(), separators=(",", ":"))},
+        {"name": "KOMPILE_HARDWARE_CLASS", "value": rt.hardware_class},
+        {"name": "KOMPILE_ARTIFACT_PREFIX", "value": prefix},
+        {"name": "KOMPILE_WORK_DIR", "value": "/scratch"},
+        {"name": "HOME", "value": "/scratch"},
+        {"name": "TMPDIR", "value": "/scratch"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    endpoint = (registry.s3_endpoint if registry else None) or settings.s3_endpoint
+    if endpoint:
+        env.append({"name": "KOMPILE_S3_ENDPOINT", "value": endpoint})
+    return env
+
+
+def _secret_name(cm: CompiledModel, settings: Settings) -> str | None:
+    registry = cm.spec.registry
+    if registry and registry.credentials_secret:
+        return registry.credentials_secret.name
+    return settings.store_secret
+
+
+def build_job(cm: CompiledModel, rt: ResolvedTarget, cache_key: str, prefix: str, settings: Settings) -> dict[str, Any]:
+    """The compile Job for one target of one generation."""
+    uid = cm.metadata.uid or ""
+    generation = cm.metadata.generation or 0
+    labels = {
+        LABEL_NAME: _label_value(cm.metadata.name),
+        LABEL_UID: uid,
+        LABEL_GENERATION: str(generation),
+        LABEL_TARGET: _label_value(rt.name),
+        LABEL_CLASS: _label_value(rt.hardware_class),
+        "app.kubernetes.io/managed-by": "kompile",
+    }
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": settings.gpu_image if rt.gpu else settings.cpu_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["kompile-job"],
+        "env": _env(cm, rt, prefix, settings),
+        "resources": rt.resources,
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        # Crashes leave no termination message; the log tail then tells the user why.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    secret = _secret_name(cm, settings)
+    if secret:
+        container["envFrom"] = [{"secretRef": {"name": secret}}]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": settings.scratch_size}}],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "fsGroup": RUN_AS,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "automountServiceAccountToken": False,
+    }
+    if rt.node_selector:
+        pod_spec["nodeSelector"] = dict(rt.node_selector)
+    if rt.affinity:
+        pod_spec["affinity"] = rt.affinity
+    if rt.tolerations:
+        pod_spec["tolerations"] = rt.tolerations
+    if rt.runtime_class:
+        pod_spec["runtimeClassName"] = rt.runtime_class
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(cm.metadata.name, uid, generation, rt.name),
+            "namespace": cm.metadata.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_CACHE_KEY: cache_key, ANNOTATION_PREFIX: prefix},
+            "ownerReferences": [owner_reference(cm)],
+        },
+        "spec": {
+            "backoffLimit": settings.job_backoff_limit,
+            "activeDeadlineSeconds": settings.job_deadline_seconds,
+            "ttlSecondsAfterFinished": settings.job_ttl_seconds,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                                       "values": [EXIT_BAD_INPUT]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

@@ -1,0 +1,89 @@
+"""Thin side-effecting calls to the API server. Everything decided elsewhere; this only talks.
+
+Uses the official client synchronously: Kopf runs sync handlers in its thread pool, so the event
+loop never blocks on these calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from kompile.api.resource import GROUP, PLURAL, VERSION
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+REQUEST_TIMEOUT = 30
+
+
+def load_config() -> None:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    """The handful of API calls the operator makes."""
+
+    def __init__(self) -> None:
+        api = client.ApiClient()
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.api = api
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        items = self.core.list_node(_request_timeout=REQUEST_TIMEOUT).items
+        return [self.api.sanitize_for_serialization(n) for n in items]
+
+    def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        items = self.batch.list_namespaced_job(namespace, label_selector=selector,
+                                               _request_timeout=REQUEST_TIMEOUT).items
+        return [self.api.sanitize_for_serialization(j) for j in items]
+
+    def create_job(self, namespace: str, job: dict[str, Any]) -> bool:
+        """Create; False when it already exists (409): the deterministic name makes that safe."""
+        try:
+            self.batch.create_namespaced_job(namespace, job, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background",
+                                             _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        items = self.core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={job}",
+                                              _request_timeout=REQUEST_TIMEOUT).items
+        return [self.api.sanitize_for_serialization(p) for p in items]
+
+    def get_compiled_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return obj
+
+    def list_compiled_models(self) -> list[dict[str, Any]]:
+        res: dict[str, Any] = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL,
+                                                                     _request_timeout=REQUEST_TIMEOUT)
+        items: list[dict[str, Any]] = res.get("items", [])
+        return items
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        # A merge patch replaces lists whole: the caller always sends the full rebuilt status.
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT)

@@ -1,0 +1,181 @@
+"""Reconcile one CompiledModel: desired targets vs. Jobs and cache, results into status.
+
+Level-triggered and idempotent: it may run from a spec change, a Job event, a Node event or the
+resync timer, any number of times, and always converges to the same Jobs and status. Decisions
+are delegated to pure modules (fleet, targets, jobs, results); this file sequences the calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from kompile.api.cache import artifact_prefix, cache_key
+from kompile.api.resource import CompiledModel, format_validation_error
+from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
+from kompile.artifact_store import StoreError, join, read_bytes
+from kompile.operator import metrics
+from kompile.operator.fleet import discover
+from kompile.operator.jobs import LABEL_GENERATION, LABEL_TARGET, LABEL_UID, build_job
+from kompile.operator.kube import Kube
+from kompile.operator.results import from_job
+from kompile.operator.settings import Settings
+from kompile.operator.targets import ResolvedTarget, resolve_targets
+
+log = logging.getLogger("kompile.operator")
+
+EventFn = Callable[[str, str, str], None]
+"""(type Normal|Warning, reason, message)"""
+
+TERMINAL = ("Succeeded", "Failed", "Skipped")
+
+
+@dataclass
+class Outcome:
+    """What a reconcile did, for the caller to decide whether to look again soon."""
+
+    status: CompiledModelStatus
+    done: bool
+
+
+def store_root(cm: CompiledModel, settings: Settings) -> str:
+    store = cm.spec.registry.artifact_store if cm.spec.registry else None
+    return store or settings.artifact_store
+
+
+def source_fingerprint(cm: CompiledModel) -> str:
+    """The source's identity for the cache key: its digest when the spec pins one, else its URI."""
+    return cm.spec.source.digest or f"uri:{cm.spec.source.uri}"
+
+
+def read_stored_result(prefix: str, endpoint: str | None) -> tuple[TargetStatus, str | None] | None:
+    """result.json at a cache prefix, or None when absent or unreadable as one."""
+    try:
+        data = read_bytes(join(prefix, "result.json"), endpoint)
+    except StoreError as err:
+        log.warning("cache lookup failed: %s", err)
+        return None
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        return TargetStatus.model_validate(doc["target"]), doc.get("sourceDigest")
+    except (ValueError, KeyError, ValidationError):
+        return None
+
+
+def _previous(doc: Mapping[str, Any], generation: int) -> CompiledModelStatus:
+    raw = doc.get("status") or {}
+    try:
+        status = CompiledModelStatus.model_validate(raw)
+    except ValidationError:
+        return CompiledModelStatus()
+    if status.observed_generation != generation:
+        # A new generation compiles afresh; conditions stay so lastTransitionTime stays honest.
+        return CompiledModelStatus(conditions=status.conditions)
+    return status
+
+
+def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: EventFn) -> Outcome:
+    meta = doc.get("metadata") or {}
+    namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+    generation = int(meta.get("generation") or 0)
+    metrics.RECONCILES.inc()
+    try:
+        cm = CompiledModel.model_validate({k: v for k, v in doc.items() if k != "status"})
+    except ValidationError as err:
+        status = _previous(doc, generation)
+        msg = format_validation_error(err, f"{namespace}/{name}")
+        status.conditions = set_condition(status.conditions, "Ready", "False", "InvalidSpec", msg, generation)
+        status.observed_generation = generation
+        kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
+        return Outcome(status, done=True)
+
+    status = _previous(doc, generation)
+    old = {t.name: t for t in status.targets}
+    uid = cm.metadata.uid or ""
+    jobs = kube.list_jobs(namespace, f"{LABEL_UID}={uid}")
+    for job in jobs:  # an older generation's Jobs are superseded
+        labels = job["metadata"].get("labels") or {}
+        if labels.get(LABEL_GENERATION) != str(generation):
+            kube.delete_job(namespace, job["metadata"]["name"])
+            event("Normal", "JobSuperseded", f"deleted Job {job['metadata']['name']} of generation "
+                  f"{labels.get(LABEL_GENERATION)}")
+    current = {(j["metadata"].get("labels") or {}).get(LABEL_TARGET): j for j in jobs
+               if (j["metadata"].get("labels") or {}).get(LABEL_GENERATION) == str(generation)}
+
+    classes = discover(kube.list_nodes())
+    resolved = resolve_targets(cm.spec, classes, settings.runtime_class_gpu)
+    endpoint = (cm.spec.registry.s3_endpoint if cm.spec.registry else None) or settings.s3_endpoint
+    targets: list[TargetStatus] = []
+    for rt in resolved:
+        prev = old.get(rt.name)
+        if prev is not None and prev.phase in TERMINAL:
+            targets.append(prev)
+            continue
+        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, endpoint, event))
+    status.targets = targets
+    before = next((c.status for c in status.conditions if c.type == "Ready"), None)
+    summarize(status, generation)
+    if not resolved:
+        status.conditions = set_condition(status.conditions, "Ready", "False", "NoTargets",
+                                          "fleet discovery found no hardware class and no target is listed",
+                                          generation)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    if ready.status != before and ready.status in ("True", "False") and all(t.phase in TERMINAL for t in targets):
+        event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
+    kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
+    return Outcome(status, done=all(t.phase in TERMINAL for t in targets))
+
+
+def _target(
+    cm: CompiledModel, rt: ResolvedTarget, job: Mapping[str, Any] | None, prev: TargetStatus | None,
+    kube: Kube, settings: Settings, endpoint: str | None, event: EventFn,
+) -> TargetStatus:
+    namespace = cm.metadata.namespace or "default"
+    version = settings.backend_versions.get(rt.target.backend, "unknown")
+    model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
+    key = cache_key(source_fingerprint(cm), rt.target, version, rt.hardware_class, cm.spec.inputs,
+                    cm.spec.validation, model_name)
+    prefix = artifact_prefix(store_root(cm, settings), key)
+    if job is not None:
+        stored = read_stored_result(prefix, endpoint)
+        pods = kube.job_pods(namespace, job["metadata"]["name"])
+        ts, _digest = from_job(rt, job, pods, stored[0] if stored else None)
+        ts.cache_key = key
+        if ts.phase in TERMINAL:
+            metrics.JOBS.labels(outcome=ts.phase).inc()
+            if ts.speedup is not None:
+                metrics.SPEEDUP.labels(namespace=namespace, name=cm.metadata.name, target=rt.name).set(ts.speedup)
+            kind = "Normal" if ts.phase == "Succeeded" else "Warning"
+            event(kind, ts.reason or ts.phase, f"target {rt.name}: {ts.message or ts.phase}")
+        return ts
+    cached = read_stored_result(prefix, endpoint)
+    if cached and cached[0].validation and cached[0].validation.passed and _digest_ok(cm, cached[1]):
+        ts = cached[0].model_copy(update={"name": rt.name, "cached": True, "cache_key": key, "job": None,
+                                          "hardware_class": rt.hardware_class, "reason": "CacheHit",
+                                          "message": f"reused validated artifact {prefix}"})
+        event("Normal", "CacheHit", f"target {rt.name}: reused validated artifact {key[:12]}")
+        metrics.JOBS.labels(outcome="Cached").inc()
+        return ts
+    base = TargetStatus(name=rt.name, backend=rt.target.backend, precision=rt.target.precision, phase="Pending",
+                        hardware_class=rt.hardware_class, cache_key=key)
+    if cm.spec.suspend:
+        base.reason, base.message = "Suspended", "spec.suspend is true: no new compile Job"
+        return base
+    manifest = build_job(cm, rt, key, prefix, settings)
+    created = kube.create_job(namespace, manifest)
+    base.job = manifest["metadata"]["name"]
+    base.message = "compile Job created"
+    if created:
+        event("Normal", "JobCreated", f"target {rt.name}: created Job {base.job} on class {rt.hardware_class}")
+    return base
+
+
+def _digest_ok(cm: CompiledModel, digest: str | None) -> bool:
+    return cm.spec.source.digest is None or digest == cm.spec.source.digest

@@ -1,0 +1,87 @@
+"""Turn a compile Job (and its pods) into a target's status. Pure functions over API objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from kompile.api.result import parse_compact
+from kompile.api.status import TargetStatus
+from kompile.operator.targets import ResolvedTarget
+
+MESSAGE_TAIL = 1000
+
+
+def job_state(job: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(Running | Complete | Failed, reason of the final condition)."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return "Complete", cond.get("reason")
+        if cond.get("type") in ("Failed", "FailureTarget"):
+            return "Failed", cond.get("reason")
+    return "Running", None
+
+
+def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return term  # type: ignore[no-any-return]
+    return None
+
+
+def latest_pod(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The most recent attempt: its message is the one that explains the outcome."""
+    if not pods:
+        return None
+    return max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def node_of(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    pod = latest_pod(pods)
+    return ((pod or {}).get("spec") or {}).get("nodeName")
+
+
+def _base(rt: ResolvedTarget, job_name: str, node: str | None) -> dict[str, Any]:
+    return {"name": rt.name, "backend": rt.target.backend, "precision": rt.target.precision,
+            "hardware_class": rt.hardware_class, "job": job_name, "node": node}
+
+
+def from_job(rt: ResolvedTarget, job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
+             stored_result: TargetStatus | None) -> tuple[TargetStatus, str | None]:
+    """The target's status from its Job; returns it with the source digest the Job reported."""
+    name = (job.get("metadata") or {}).get("name", "")
+    state, reason = job_state(job)
+    node = node_of(pods)
+    base = _base(rt, name, node)
+    if state == "Running":
+        phase = "Running" if node else "Pending"
+        return TargetStatus(**base, phase=phase, message="compile Job running" if node else "waiting for a node"), None
+    pod = latest_pod(pods)
+    term = _terminated(pod) if pod else None
+    message = (term or {}).get("message") or ""
+    parsed: TargetStatus | None = None
+    digest: str | None = None
+    try:
+        parsed, digest, _ = parse_compact(message) if message else (None, None, None)
+    except (ValueError, ValidationError):
+        parsed = None
+    if state == "Complete":
+        result = stored_result or parsed
+        if result is None:
+            return TargetStatus(**base, phase="Failed", reason="NoResult",
+                                message="the compile Job succeeded but reported no result"), None
+        return result.model_copy(update={k: v for k, v in base.items() if v is not None or k == "node"}), digest
+    # Failed: a compact result (bad input) explains itself; otherwise the log tail does.
+    if parsed is not None:
+        return parsed.model_copy(update=base | {"phase": "Failed"}), digest
+    exit_code = (term or {}).get("exitCode")
+    why = f"compile Job failed ({reason or 'Failed'}"
+    why += f", exit code {exit_code})" if exit_code is not None else ")"
+    tail = message[-MESSAGE_TAIL:].strip()
+    return TargetStatus(**base, phase="Failed", reason=reason or "JobFailed",
+                        message=f"{why}: {tail}" if tail else why), None

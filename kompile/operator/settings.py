@@ -1,0 +1,77 @@
+"""Operator settings, read once from the environment at start-up. Each field says what it controls."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+@dataclass(frozen=True)
+class Settings:
+    namespaces: list[str] = field(default_factory=list)
+    """KOMPILE_NAMESPACES: namespaces to watch (comma-separated); empty watches all."""
+    cpu_image: str = "ghcr.io/kompile/compile-cpu:0.1.0"
+    """KOMPILE_CPU_IMAGE: compile image for CPU backends (onnxruntime)."""
+    gpu_image: str = "ghcr.io/kompile/compile-gpu:0.1.0"
+    """KOMPILE_GPU_IMAGE: compile image for GPU backends (tensorrt, inductor on CUDA)."""
+    image_pull_policy: str = "IfNotPresent"
+    """KOMPILE_IMAGE_PULL_POLICY."""
+    artifact_store: str = "file:///var/lib/kompile/artifacts"
+    """KOMPILE_ARTIFACT_STORE: default store root when a CompiledModel names none."""
+    s3_endpoint: str | None = None
+    """KOMPILE_S3_ENDPOINT: S3 endpoint URL for S3-compatible stores."""
+    store_secret: str | None = None
+    """KOMPILE_STORE_SECRET: Secret (in the CompiledModel's namespace) with store credentials, when
+    the CompiledModel names none."""
+    tracking_uri: str | None = None
+    """MLFLOW_TRACKING_URI: default MLflow tracking URI."""
+    backend_versions: dict[str, str] = field(default_factory=lambda: {"onnxruntime": "1.31.1"})
+    """KOMPILE_BACKEND_VERSIONS: backend=version pairs the compile images carry (cache key part)."""
+    job_deadline_seconds: int = 3600
+    """KOMPILE_JOB_DEADLINE_SECONDS: activeDeadlineSeconds of a compile Job."""
+    job_backoff_limit: int = 2
+    """KOMPILE_JOB_BACKOFF_LIMIT: retries of a crashed compile pod (the only retry policy)."""
+    job_ttl_seconds: int = 86400
+    """KOMPILE_JOB_TTL_SECONDS: ttlSecondsAfterFinished; results are read long before."""
+    scratch_size: str = "20Gi"
+    """KOMPILE_SCRATCH_SIZE: sizeLimit of the compile pod's writable scratch volume."""
+    runtime_class_gpu: str | None = None
+    """KOMPILE_GPU_RUNTIME_CLASS: runtimeClassName for GPU compile pods (for example nvidia)."""
+    health_port: int = 8080
+    """KOMPILE_HEALTH_PORT: liveness endpoint port (/healthz)."""
+    metrics_port: int = 9090
+    """KOMPILE_METRICS_PORT: Prometheus metrics port (/metrics)."""
+    resync_seconds: float = 10.0
+    """KOMPILE_RESYNC_SECONDS: how often a CompiledModel with running Jobs is looked at again."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = dict(os.environ if env is None else env)
+        d = cls()
+        versions = dict(d.backend_versions)
+        for pair in _csv(e.get("KOMPILE_BACKEND_VERSIONS")):
+            name, _, version = pair.partition("=")
+            versions[name.strip()] = version.strip()
+        return cls(
+            namespaces=_csv(e.get("KOMPILE_NAMESPACES")),
+            cpu_image=e.get("KOMPILE_CPU_IMAGE", d.cpu_image),
+            gpu_image=e.get("KOMPILE_GPU_IMAGE", d.gpu_image),
+            image_pull_policy=e.get("KOMPILE_IMAGE_PULL_POLICY", d.image_pull_policy),
+            artifact_store=e.get("KOMPILE_ARTIFACT_STORE", d.artifact_store),
+            s3_endpoint=e.get("KOMPILE_S3_ENDPOINT") or None,
+            store_secret=e.get("KOMPILE_STORE_SECRET") or None,
+            tracking_uri=e.get("MLFLOW_TRACKING_URI") or None,
+            backend_versions=versions,
+            job_deadline_seconds=int(e.get("KOMPILE_JOB_DEADLINE_SECONDS", d.job_deadline_seconds)),
+            job_backoff_limit=int(e.get("KOMPILE_JOB_BACKOFF_LIMIT", d.job_backoff_limit)),
+            job_ttl_seconds=int(e.get("KOMPILE_JOB_TTL_SECONDS", d.job_ttl_seconds)),
+            scratch_size=e.get("KOMPILE_SCRATCH_SIZE", d.scratch_size),
+            runtime_class_gpu=e.get("KOMPILE_GPU_RUNTIME_CLASS") or None,
+            health_port=int(e.get("KOMPILE_HEALTH_PORT", d.health_port)),
+            metrics_port=int(e.get("KOMPILE_METRICS_PORT", d.metrics_port)),
+            resync_seconds=float(e.get("KOMPILE_RESYNC_SECONDS", d.resync_seconds)),
+        )

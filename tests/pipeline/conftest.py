@@ -1,0 +1,72 @@
+"""Pipeline tests run the real pipeline (torch export, ONNX Runtime, MLflow on SQLite) on small models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kompile.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+class RunResult:
+    def __init__(self, code: int, stdout: str, stderr: str) -> None:
+        self.code, self.stdout, self.stderr = code, stdout, stderr
+
+    @property
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.stdout)
+        return doc
+
+
+@pytest.fixture
+def kompile_run(tmp_path: Path) -> Callable[..., RunResult]:
+    """Run `kompile run --json` in-process with its stores under tmp_path."""
+
+    def run(manifest: Path, *extra: str) -> RunResult:
+        runner = CliRunner()
+        res = runner.invoke(app, ["run", str(manifest), "--json", "--work-dir", str(tmp_path / ".kompile"), *extra],
+                            catch_exceptions=False)
+        return RunResult(res.exit_code, res.stdout, res.stderr)
+
+    return run
+
+
+@pytest.fixture
+def write_manifest(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
+    """Write a manifest next to a copy of examples/models so python:// sources resolve."""
+    shutil.copytree(EXAMPLES / "models", tmp_path / "models", dirs_exist_ok=True)
+
+    def write(doc: dict[str, Any], name: str = "m.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    return write
+
+
+def small_cnn_doc(**spec: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "small"},
+        "spec": {
+            "source": {"uri": "python://models.small:small_cnn"},
+            "inputs": [{"name": "input", "shape": [-1, 3, 32, 32],
+                        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 16}]}],
+            "targets": [{"name": "cpu-fp32", "backend": "onnxruntime", "precision": "fp32"}],
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+            "validation": {"samples": 2},
+        },
+    }
+    doc["spec"].update(spec)
+    return doc

@@ -1,0 +1,117 @@
+"""`kompile run` end to end on this machine: artifacts, verdicts, MLflow, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.pipeline.conftest import EXAMPLES, small_cnn_doc
+
+
+def _target(status: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(t for t in status["targets"] if t["name"] == name)
+
+
+def test_small_cnn_fleet_example_compiles_validates_and_registers(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    res = kompile_run(EXAMPLES / "small-cnn.yaml")
+    assert res.code == 0, res.stderr
+    status = res.status
+    assert status["targetsReady"] == "2/2"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    assert status["sourceDigest"].startswith("sha256:")
+    for t in status["targets"]:
+        assert t["phase"] == "Succeeded" and t["validation"]["passed"]
+        assert [lat["batchSize"] for lat in t["latency"]] == [1, 8]
+        assert t["speedup"] > 0 and t["registeredVersion"]
+        repo = Path(t["artifact"]["uri"].removeprefix("file://"))
+        assert (repo / "small-cnn" / "config.pbtxt").exists()
+        assert (repo / "small-cnn" / "1" / "model.onnx").exists()
+        result = json.loads((repo / "result.json").read_text())
+        assert result["sourceDigest"] == status["sourceDigest"]
+        assert result["target"]["validation"]["thresholds"]["minCosine"] > 0
+        assert "onnxruntime" in result["toolchain"]
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=status["registry"]["trackingUri"])
+    versions = client.search_model_versions("name='small-cnn'")
+    assert len(versions) == 2
+    for v in versions:
+        assert v.tags["kompile.verdict"] == "passed"
+        assert v.tags["kompile.source_digest"] == status["sourceDigest"]
+    model = client.get_registered_model("small-cnn")
+    assert set(model.aliases) == {t["name"] for t in status["targets"]}
+
+
+def test_failed_validation_is_registered_but_never_aliased(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc(targets=[{"name": "strict-int8", "backend": "onnxruntime", "precision": "int8",
+                                  "tolerances": {"minCosine": 1.0, "maxAbsError": 0.0}}])
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 1
+    t = _target(res.status, "strict-int8")
+    assert t["phase"] == "Failed" and t["reason"] == "ValidationFailed"
+    assert not t["validation"]["passed"] and t["validation"]["failures"]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=res.status["registry"]["trackingUri"])
+    (version,) = client.search_model_versions("name='small'")
+    assert version.tags["kompile.verdict"] == "failed"
+    assert client.get_registered_model("small").aliases == {}
+
+
+def test_model_file_sources(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    module = small_cnn()
+    example = torch.randn(1, 3, 32, 32)
+    torch.jit.trace(module, example).save(str(tmp_path / "m.pt"))
+    batch = torch.export.Dim("batch", min=1, max=16)
+    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=({0: batch},)), str(tmp_path / "m.pt2"))
+    torch.onnx.export(module, (example,), str(tmp_path / "m.onnx"), input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+    for name in ("m.pt", "m.pt2", "m.onnx"):
+        res = kompile_run(write_manifest(small_cnn_doc(source={"uri": name}), f"{name}.yaml"), "--no-register")
+        assert res.code == 0, (name, res.stderr)
+        assert _target(res.status, "cpu-fp32")["validation"]["passed"], name
+
+
+def test_dataset_reference_inputs(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    np.savez(tmp_path / "ref.npz", input=np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32))
+    res = kompile_run(write_manifest(small_cnn_doc(validation={"dataset": "ref.npz"})), "--no-register")
+    assert res.code == 0, res.stderr
+    assert _target(res.status, "cpu-fp32")["validation"]["samples"] == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "phrase"),
+    [
+        ({"source": {"uri": "missing.onnx"}}, "missing.onnx does not exist"),
+        ({"source": {"uri": "weights.bin"}}, "set spec.source.format"),
+        ({"source": {"uri": "python://models.small:nan_model"}}, "NaN"),
+        ({"source": {"uri": "python://models.small:data_dependent"}}, "small.py:"),
+        ({"inputs": [{"name": "input", "shape": [1, 5, 32, 32]}]}, "check spec.inputs"),
+        ({"validation": {"dataset": "nope.npz"}}, "nope.npz does not exist"),
+    ],
+    ids=["missing-file", "unknown-format", "nan", "export-failure", "input-mismatch", "missing-dataset"],
+)
+def test_bad_input_is_explained_and_nothing_validated(kompile_run, write_manifest, change, phrase) -> None:  # type: ignore[no-untyped-def]
+    res = kompile_run(write_manifest(small_cnn_doc(**change)))
+    assert res.code != 0
+    text = res.stderr + res.stdout
+    assert phrase in text, text
+    if res.stdout.strip():  # the run got as far as a status: nothing in it validated
+        assert all(not (t.get("validation") or {}).get("passed") for t in res.status["targets"])
+
+
+def test_manifest_error_names_the_field(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc()
+    doc["spec"]["targets"][0]["precision"] = "fp64"
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 2
+    assert "spec.targets[0].precision" in res.stderr

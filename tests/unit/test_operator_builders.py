@@ -1,0 +1,153 @@
+"""The operator's pure parts: fleet classes, target resolution, Job manifests, results from Jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kompile.api import parse_manifest
+from kompile.api.cache import cache_key
+from kompile.api.result import TERMINATION_LIMIT, compact_result, parse_compact
+from kompile.api.status import LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
+from kompile.operator.fleet import discover
+from kompile.operator.jobs import build_job, job_name
+from kompile.operator.results import from_job, job_state
+from kompile.operator.settings import Settings
+from kompile.operator.targets import resolve_targets
+
+
+def node(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels}, "spec": {}}
+
+
+def gpu(name: str, product: str, major: str, minor: str) -> dict[str, Any]:
+    return node(name, **{"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": product,
+                         "nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor})
+
+
+FLEET = [
+    gpu("h100-a", "NVIDIA-H100-80GB-HBM3", "9", "0"),
+    gpu("h100-b", "NVIDIA-H100-80GB-HBM3-SHARED", "9", "0"),
+    gpu("l4", "NVIDIA-L4", "8", "9"),
+    node("cpu-1", **{"kubernetes.io/arch": "amd64"}),
+    node("cpu-2", **{"kubernetes.io/arch": "amd64"}),
+    node("edge-1", **{"kubernetes.io/arch": "arm64"}),
+    node("avx", **{"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}),
+]
+
+
+def cm(**spec: Any) -> Any:
+    doc = {"apiVersion": "kompile.dev/v1alpha1", "kind": "CompiledModel",
+           "metadata": {"name": "resnet", "namespace": "ml", "uid": "u-1", "generation": 3},
+           "spec": {"source": {"uri": "s3://models/resnet.onnx"},
+                    "inputs": [{"name": "input", "shape": [1, 3, 8, 8]}], **spec}}
+    return parse_manifest(doc)
+
+
+def test_discover_groups_by_arch_product_and_capability() -> None:
+    classes = {c.name: c for c in discover(FLEET)}
+    assert set(classes) == {"gpu-nvidia-h100-80gb-hbm3-sm90", "gpu-nvidia-l4-sm89", "cpu-amd64", "cpu-arm64",
+                            "cpu-amd64-avx2"}
+    h100 = classes["gpu-nvidia-h100-80gb-hbm3-sm90"]
+    assert h100.nodes == ("h100-a", "h100-b") and h100.compute_capability == "9.0"
+    assert set(h100.products) == {"NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-SHARED"}
+    assert classes["cpu-arm64"].node_selector == {"kubernetes.io/arch": "arm64"}
+    unschedulable = [{**FLEET[2], "spec": {"unschedulable": True}}]
+    assert discover(unschedulable) == []
+
+
+def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
+    model = cm(fleet={"enabled": True, "precisions": ["fp32", "int8"]})
+    resolved = resolve_targets(model.spec, discover(FLEET), gpu_runtime="nvidia")
+    assert len(resolved) == 10
+    by_name = {r.name: r for r in resolved}
+    g = by_name["gpu-nvidia-l4-sm89-fp32"]
+    assert g.gpu and g.target.backend == "tensorrt" and g.runtime_class == "nvidia"
+    assert g.resources["limits"]["nvidia.com/gpu"] == "1"
+    assert g.tolerations[0]["key"] == "nvidia.com/gpu"
+    c = by_name["cpu-arm64-int8"]
+    assert not c.gpu and c.target.backend == "onnxruntime" and c.node_selector == {"kubernetes.io/arch": "arm64"}
+
+
+def test_explicit_target_keeps_its_selector_and_finds_its_class() -> None:
+    model = cm(targets=[{"name": "l4", "backend": "tensorrt", "precision": "fp16",
+                         "hardware": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}}])
+    (rt,) = resolve_targets(model.spec, discover(FLEET))
+    assert rt.hardware_class == "gpu-nvidia-l4-sm89"
+    assert rt.node_selector == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+
+
+def test_job_manifest() -> None:
+    model = cm(targets=[{"name": "cpu", "backend": "onnxruntime"}],
+               registry={"artifactStore": "s3://bucket/kompile", "credentialsSecret": {"name": "s3-creds"}})
+    (rt,) = resolve_targets(model.spec, discover(FLEET))
+    job = build_job(model, rt, "k" * 40, "s3://bucket/kompile/cache/kkk", Settings())
+    assert job["metadata"]["name"] == job_name("resnet", "u-1", 3, "cpu")
+    assert len(job["metadata"]["name"]) <= 63
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 2 and spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [2]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert "AWS_SECRET_ACCESS_KEY" not in env and env["KOMPILE_ARTIFACT_PREFIX"].startswith("s3://")
+    assert {"name": "scratch", "mountPath": "/scratch"} in container["volumeMounts"]
+    # deterministic: another generation gets another name, the same one the same
+    assert job_name("resnet", "u-1", 4, "cpu") != job["metadata"]["name"]
+
+
+def test_cache_key_changes_with_what_shapes_the_artifact() -> None:
+    a = cm(targets=[{"name": "cpu", "backend": "onnxruntime"}])
+    b = cm(targets=[{"name": "cpu", "backend": "onnxruntime", "precision": "int8"}])
+    t_a, t_b = a.spec.targets[0], b.spec.targets[0]
+    k = cache_key("sha256:x", t_a, "1.0", "cpu-amd64", a.spec.inputs, a.spec.validation, "m")
+    assert k == cache_key("sha256:x", t_a, "1.0", "cpu-amd64", a.spec.inputs, a.spec.validation, "m")
+    assert k != cache_key("sha256:x", t_b, "1.0", "cpu-amd64", a.spec.inputs, a.spec.validation, "m")
+    assert k != cache_key("sha256:y", t_a, "1.0", "cpu-amd64", a.spec.inputs, a.spec.validation, "m")
+    assert k != cache_key("sha256:x", t_a, "1.1", "cpu-amd64", a.spec.inputs, a.spec.validation, "m")
+    assert k != cache_key("sha256:x", t_a, "1.0", "cpu-arm64", a.spec.inputs, a.spec.validation, "m")
+
+
+def _result() -> TargetStatus:
+    return TargetStatus(
+        name="cpu", backend="onnxruntime", precision="fp32", phase="Succeeded", speedup=2.5,
+        latency=[LatencyStats(batch_size=b, p50_ms=1, p90_ms=1, p99_ms=1, throughput=1) for b in (1, 8)],
+        validation=ValidationResult(passed=True, samples=4, thresholds=Thresholds(min_cosine=0.99, top_k=5),
+                                    outputs=[OutputCheck(name=f"o{i}", max_abs_error=1e-4, max_rel_error=1e-3,
+                                                         cosine=0.999, finite=True) for i in range(80)]),
+    )
+
+
+def test_compact_result_fits_the_termination_message() -> None:
+    text = compact_result(_result(), "sha256:abc", "1.31.1")
+    assert len(text.encode()) <= TERMINATION_LIMIT
+    target, digest, version = parse_compact(text)
+    assert target.speedup == 2.5 and target.validation and target.validation.passed
+    assert digest == "sha256:abc" and version == "1.31.1"
+
+
+def _job(cond: str | None, reason: str | None = None) -> dict[str, Any]:
+    conds = [{"type": cond, "status": "True", "reason": reason}] if cond else []
+    return {"metadata": {"name": "j"}, "status": {"conditions": conds}}
+
+
+def _pod(message: str = "", exit_code: int = 0, node_name: str = "n1") -> dict[str, Any]:
+    return {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"nodeName": node_name},
+            "status": {"containerStatuses": [{"state": {"terminated": {"message": message, "exitCode": exit_code}}}]}}
+
+
+def test_results_from_jobs() -> None:
+    (rt,) = resolve_targets(cm(targets=[{"name": "cpu", "backend": "onnxruntime"}]).spec, [])
+    assert job_state(_job(None)) == ("Running", None)
+    running, _ = from_job(rt, _job(None), [], None)
+    assert running.phase == "Pending"
+    ok, digest = from_job(rt, _job("Complete"), [_pod(compact_result(_result(), "sha256:d", "1"))], None)
+    assert ok.phase == "Succeeded" and ok.node == "n1" and ok.job == "j" and digest == "sha256:d"
+    crashed, _ = from_job(rt, _job("Failed", "BackoffLimitExceeded"), [_pod("Killed: out of memory", 137)], None)
+    assert crashed.phase == "Failed" and crashed.reason == "BackoffLimitExceeded"
+    assert "exit code 137" in (crashed.message or "") and "out of memory" in (crashed.message or "")
+    silent, _ = from_job(rt, _job("Complete"), [_pod("")], None)
+    assert silent.phase == "Failed" and silent.reason == "NoResult"
