@@ -17,7 +17,9 @@ from rich.console import Console
 
 from kompile.api.resource import ManifestError, load_manifest
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Compile one trained model for every kind of hardware.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Compile one trained model for every kind of hardware."
+)
 err_console = Console(stderr=True)
 
 EXIT_TARGET_FAILED = 1
@@ -32,10 +34,20 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 @app.command()
 def run(
     manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file.")],
-    json_out: Annotated[bool, typer.Option("--json", help="Print the status document (CRD status shape) on stdout.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the status document (CRD status shape) on stdout.")
+    ] = False,
     work_dir: Annotated[Path, typer.Option(help="Scratch, cache and default stores.")] = Path(".kompile"),
-    artifacts: Annotated[Path | None, typer.Option(help="Artifact root; default: spec.registry.artifactStore or WORK_DIR/artifacts.")] = None,
-    tracking_uri: Annotated[str | None, typer.Option(envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI; default: sqlite under WORK_DIR.")] = None,
+    artifacts: Annotated[
+        Path | None,
+        typer.Option(help="Artifact root; default: spec.registry.artifactStore or WORK_DIR/artifacts."),
+    ] = None,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI; default: sqlite under WORK_DIR."
+        ),
+    ] = None,
     register: Annotated[bool, typer.Option(help="Record runs and versions in MLflow.")] = True,
     target: Annotated[list[str] | None, typer.Option(help="Only these targets (repeatable).")] = None,
 ) -> None:
@@ -47,8 +59,13 @@ def run(
     except ManifestError as err:
         raise _fail(str(err)) from None
     settings = LocalRunSettings(
-        manifest=manifest, work_dir=work_dir, artifacts=artifacts, tracking_uri=tracking_uri,
-        register=register, targets=target or None, json_out=json_out,
+        manifest=manifest,
+        work_dir=work_dir,
+        artifacts=artifacts,
+        tracking_uri=tracking_uri,
+        register=register,
+        targets=target or None,
+        json_out=json_out,
     )
     started = time.perf_counter()
     code, message = execute(cm, settings, err_console)
@@ -71,8 +88,12 @@ def check(manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file
 
 @app.command()
 def crd(
-    out: Annotated[Path | None, typer.Option(help="Write the CRD YAML into this folder instead of stdout.")] = None,
-    check_drift: Annotated[bool, typer.Option("--check", help="Exit 1 when the file in OUT differs from the models.")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the CRD YAML into this folder instead of stdout.")
+    ] = None,
+    check_drift: Annotated[
+        bool, typer.Option("--check", help="Exit 1 when the file in OUT differs from the models.")
+    ] = False,
 ) -> None:
     """Print (or write) the CompiledModel CRD generated from the API models."""
     from kompile.api.crd import CRD_FILENAME, render_crd
@@ -105,12 +126,12 @@ def operator(
         f"kompile operator: watching {', '.join(s.namespaces) or 'all namespaces'}; "
         f"liveness :{s.health_port}/healthz, metrics :{s.metrics_port}/metrics"
     )
+    kopf.configure(debug=verbose, verbose=verbose)
     kopf.run(
         clusterwide=not s.namespaces,
-        namespaces=s.namespaces or None,
+        namespaces=s.namespaces,
         liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz",
         standalone=True,
-        debug=verbose,
     )
 
 

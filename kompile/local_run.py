@@ -73,11 +73,15 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     """Run and report. Returns (exit code, error message for bad input or None)."""
     s.work_dir.mkdir(parents=True, exist_ok=True)
     opts = PipelineOptions(
-        base_dir=s.manifest.parent.resolve(), work_dir=s.work_dir.resolve(),
-        artifact_root=_artifact_root(cm, s), only_targets=s.targets,
+        base_dir=s.manifest.parent.resolve(),
+        work_dir=s.work_dir.resolve(),
+        artifact_root=_artifact_root(cm, s),
+        only_targets=s.targets,
     )
     live = console.is_terminal and not s.json_out
-    reporter: Reporter = RichReporter(console) if live else LogReporter(lambda m: console.print(m, highlight=False))
+    reporter: Reporter = (
+        RichReporter(console) if live else LogReporter(lambda m: console.print(m, highlight=False))
+    )
     try:
         result = run_pipeline(cm, opts, reporter)
         if s.register and any(t.artifact for t in result.status.targets):
@@ -99,36 +103,56 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
         if status.registry:
             console.print(
                 f"MLflow: model [bold]{status.registry.model_name}[/], run {status.registry.run_id} "
-                f"({status.registry.tracking_uri}); open it with `make mlflow-ui`", highlight=False,
+                f"({status.registry.tracking_uri}); open it with `make mlflow-ui`",
+                highlight=False,
             )
     servable = [t for t in status.targets if t.phase != "Skipped"]
     if not servable:
         return 1, "no target can run on this machine: " + "; ".join(
-            f"{t.name}: {t.message}" for t in status.targets)
+            f"{t.name}: {t.message}" for t in status.targets
+        )
     ok = all(t.phase == "Succeeded" for t in servable)
     return (0 if ok else 1), None
 
 
 def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
-    eager = status.baselines[0].latency[0].p50_ms if status.baselines and status.baselines[0].latency else None
+    eager = (
+        status.baselines[0].latency[0].p50_ms if status.baselines and status.baselines[0].latency else None
+    )
     title = f"{cm.metadata.name}: {status.targets_ready} targets validated"
     if eager is not None:
         title += f" (eager p50 {eager:.2f} ms)"
     table = Table(title=title)
-    for col in ("target", "backend", "precision", "p50 ms", "speedup", "max abs err", "cosine", "verdict", "MLflow"):
-        table.add_column(col, justify="right" if col in ("p50 ms", "speedup", "max abs err", "cosine") else "left")
+    for col in (
+        "target",
+        "backend",
+        "precision",
+        "p50 ms",
+        "speedup",
+        "max abs err",
+        "cosine",
+        "verdict",
+        "MLflow",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("p50 ms", "speedup", "max abs err", "cosine") else "left"
+        )
     for t in status.targets:
         v = t.validation
         err = max((o.max_abs_error for o in v.outputs), default=None) if v else None
         cos = min((o.cosine for o in v.outputs), default=None) if v else None
         verdict = {"Succeeded": "[green]validated[/]", "Skipped": "[yellow]skipped[/]"}.get(
-            t.phase, f"[red]{t.reason or 'failed'}[/]")
+            t.phase, f"[red]{t.reason or 'failed'}[/]"
+        )
         table.add_row(
-            t.name, t.backend, t.precision,
+            t.name,
+            t.backend,
+            t.precision,
             f"{t.latency[0].p50_ms:.2f}" if t.latency else "-",
             f"{t.speedup:.2f}x" if t.speedup else "-",
             f"{err:.2e}" if err is not None else "-",
             f"{cos:.5f}" if cos is not None else "-",
-            verdict, t.registered_version or "-",
+            verdict,
+            t.registered_version or "-",
         )
     return table

@@ -38,8 +38,12 @@ def _metrics(t: TargetStatus) -> dict[str, float]:
     out: dict[str, float] = {}
     if t.latency:
         first = t.latency[0]
-        out |= {"p50_ms": first.p50_ms, "p90_ms": first.p90_ms, "p99_ms": first.p99_ms,
-                "throughput": first.throughput}
+        out |= {
+            "p50_ms": first.p50_ms,
+            "p90_ms": first.p90_ms,
+            "p99_ms": first.p99_ms,
+            "throughput": first.throughput,
+        }
         for lat in t.latency:
             out[f"p50_ms_b{lat.batch_size}"] = lat.p50_ms
     if t.speedup is not None:
@@ -105,8 +109,14 @@ def record(
 
 
 def _record_target(
-    client: object, cm: CompiledModel, name: str, exp_id: str, parent_id: str, rec: TargetRecord,
-    digest: str | None, lineage: Mapping[str, str] | None,
+    client: object,
+    cm: CompiledModel,
+    name: str,
+    exp_id: str,
+    parent_id: str,
+    rec: TargetRecord,
+    digest: str | None,
+    lineage: Mapping[str, str] | None,
 ) -> None:
     import mlflow
     from mlflow import MlflowClient
@@ -124,8 +134,10 @@ def _record_target(
         return  # nothing was built: a failed compile has no version to register
     source = f"runs:/{run.info.run_id}/model"
     version = client.create_model_version(
-        name, source=source, run_id=run.info.run_id, tags={**_version_tags(cm, t, digest), **(lineage or {}),
-                                                           "kompile.artifact_uri": t.artifact.uri},
+        name,
+        source=source,
+        run_id=run.info.run_id,
+        tags={**_version_tags(cm, t, digest), **(lineage or {}), "kompile.artifact_uri": t.artifact.uri},
         description=f"{t.backend} {t.precision} for {t.hardware_class or t.name}",
     )
     t.registered_version = str(version.version)

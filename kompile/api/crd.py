@@ -73,11 +73,20 @@ def openapi_schema(model: type[Any]) -> dict[str, Any]:
 def _printer_columns() -> list[dict[str, Any]]:
     return [
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-        {"name": "Targets", "type": "string", "jsonPath": ".status.targetsReady", "description": "validated/total"},
+        {
+            "name": "Targets",
+            "type": "string",
+            "jsonPath": ".status.targetsReady",
+            "description": "validated/total",
+        },
         {"name": "Best", "type": "string", "jsonPath": ".status.best.target"},
         {"name": "Speedup", "type": "number", "jsonPath": ".status.best.speedup"},
-        {"name": "Reason", "type": "string", "priority": 1,
-         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+        {
+            "name": "Reason",
+            "type": "string",
+            "priority": 1,
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

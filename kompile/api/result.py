@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from collections.abc import Callable
 from typing import Any
 
 from kompile.api.status import TargetStatus
@@ -13,11 +15,14 @@ TERMINATION_LIMIT = 4096
 
 def compact_result(target: TargetStatus, source_digest: str | None, backend_version: str | None) -> str:
     """A JSON document under the termination-message limit; detail is dropped before essentials."""
-    doc: dict[str, Any] = {"target": target.to_wire(), "sourceDigest": source_digest,
-                           "backendVersion": backend_version}
+    doc: dict[str, Any] = {
+        "target": target.to_wire(),
+        "sourceDigest": source_digest,
+        "backendVersion": backend_version,
+    }
     t = doc["target"]
     t.pop("conditions", None)
-    shrinkers = [
+    shrinkers: list[Callable[[], object]] = [
         lambda: t.pop("eagerLatency", None),
         lambda: t.get("validation", {}).get("thresholds") and t["validation"].pop("thresholds"),
         lambda: t.get("validation", {}).pop("outputs", None),

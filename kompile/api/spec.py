@@ -86,7 +86,7 @@ class DynamicDim(ApiModel):
 class InputSpec(ApiModel):
     """One model input: name, element type and shape."""
 
-    model_config = ApiModel.model_config | {
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 _rule(
@@ -211,7 +211,7 @@ class Tolerances(ApiModel):
 class Target(ApiModel):
     """One compiled artifact to produce: a backend at a precision, for one class of hardware."""
 
-    model_config = ApiModel.model_config | {
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 _rule(
@@ -262,7 +262,7 @@ class Fleet(ApiModel):
     gpu_backend: Backend = Field(default="tensorrt", description="Backend for NVIDIA GPU classes.")
     cpu_backend: Backend = Field(default="onnxruntime", description="Backend for CPU classes.")
     precisions: list[Precision] = Field(
-        default_factory=lambda: ["fp32"],
+        default_factory=lambda: ["fp32"],  # type: ignore[arg-type]
         min_length=1,
         max_length=4,
         description="Precisions to build for each discovered class.",
@@ -359,7 +359,7 @@ class RolloutGate(ApiModel):
 class Rollout(ApiModel):
     """Serving the validated winner through KServe."""
 
-    model_config = ApiModel.model_config | {
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 _rule(
@@ -385,7 +385,8 @@ class Rollout(ApiModel):
         default=None, ge=0, le=100, description="Traffic to a new revision before promotion."
     )
     adopt: bool = Field(
-        default=False, description="Adopt an existing InferenceService of that name instead of owning a new one."
+        default=False,
+        description="Adopt an existing InferenceService of that name instead of owning a new one.",
     )
     gate: RolloutGate | None = Field(default=None, description="What must hold before rollout.")
 
@@ -401,11 +402,12 @@ class Rollout(ApiModel):
 class CompiledModelSpec(ApiModel):
     """Desired state: compile one trained model for each target and keep the validated winners."""
 
-    model_config = ApiModel.model_config | {
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 _rule(
-                    "(has(self.targets) && size(self.targets) > 0) || (has(self.fleet) && self.fleet.enabled)",
+                    "(has(self.targets) && size(self.targets) > 0)"
+                    " || (has(self.fleet) && self.fleet.enabled)",
                     "list spec.targets or set spec.fleet.enabled: true (one of them is needed)",
                 ),
                 _rule(

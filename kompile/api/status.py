@@ -109,10 +109,14 @@ class TargetStatus(ApiModel):
     eager_latency: list[LatencyStats] = Field(
         default_factory=list, description="Eager source model latency per batch size, same run."
     )
-    speedup: float | None = Field(default=None, description="Eager p50 / artifact p50 at the first batch size.")
+    speedup: float | None = Field(
+        default=None, description="Eager p50 / artifact p50 at the first batch size."
+    )
     validation: ValidationResult | None = Field(default=None, description="Validation verdict.")
     registered_version: str | None = Field(default=None, description="MLflow model version.")
-    reason: str | None = Field(default=None, description="CamelCase reason when the phase is Failed or Skipped.")
+    reason: str | None = Field(
+        default=None, description="CamelCase reason when the phase is Failed or Skipped."
+    )
     message: str | None = Field(default=None, description="Details, for example the tail of the error.")
     conditions: list[Condition] = Field(
         default_factory=list,
@@ -232,7 +236,9 @@ def summarize(status: CompiledModelStatus, generation: int | None = None) -> Com
             conds = set_condition(conds, COMPILED, "True", "AllCompiled", "", generation)
         else:
             names = ", ".join(t.name for t in considered if t.artifact is None) or "no target"
-            conds = set_condition(conds, COMPILED, "False", "CompileFailed", f"not compiled: {names}", generation)
+            conds = set_condition(
+                conds, COMPILED, "False", "CompileFailed", f"not compiled: {names}", generation
+            )
         if considered and not failed:
             conds = set_condition(conds, VALIDATED, "True", "AllValidated", "", generation)
             msg = f"{len(valid)}/{len(considered)} targets validated"

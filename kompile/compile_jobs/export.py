@@ -41,7 +41,9 @@ def _to_torch(feed: Feed, signature: Sequence[InputSpec]) -> tuple[Any, ...]:
     return tuple(torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in signature)
 
 
-def eager_outputs(module: Any, feeds: Sequence[Feed], signature: Sequence[InputSpec]) -> list[list[np.ndarray[Any, Any]]]:
+def eager_outputs(
+    module: Any, feeds: Sequence[Feed], signature: Sequence[InputSpec]
+) -> list[list[np.ndarray[Any, Any]]]:
     """Run the eager source on each feed: the reference every artifact is held to."""
     import torch
 
@@ -134,7 +136,8 @@ def export_onnx(
         w = tracer[0]
         out_path.unlink(missing_ok=True)
         raise ExportError(
-            f"cannot export {label} to ONNX: {Path(w.filename).name}:{w.lineno}: {_first_line(Exception(w.message))} "
+            f"cannot export {label} to ONNX: {Path(w.filename).name}:{w.lineno}: "
+            f"{_first_line(Exception(w.message))} "
             "This is Python control flow or a Python value computed from a tensor, which a graph cannot "
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
@@ -149,7 +152,9 @@ def _check_onnx_source(src: Path, signature: Sequence[InputSpec], out_path: Path
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, OSError, ValueError) as err:  # DecodeError is a ValueError
         raise ExportError(f"{src}: not a valid ONNX model: {_first_line(err)}") from None
-    graph_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    graph_inputs = [
+        i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}
+    ]
     declared = [s.name for s in signature]
     if graph_inputs != declared:
         raise ExportError(

@@ -51,9 +51,9 @@ def _generate_one(spec: InputSpec, shape: list[int], rng: np.random.Generator) -
         high = int(spec.high) if spec.high is not None else 2
         return rng.integers(low, high, size=shape, dtype=np.int64).astype(dt)
     if spec.low is not None or spec.high is not None:
-        low = spec.low if spec.low is not None else 0.0
-        high = spec.high if spec.high is not None else low + 1.0
-        return rng.uniform(low, high, size=shape).astype(dt)
+        flow = spec.low if spec.low is not None else 0.0
+        fhigh = spec.high if spec.high is not None else flow + 1.0
+        return rng.uniform(flow, fhigh, size=shape).astype(dt)
     return rng.standard_normal(size=shape).astype(dt)
 
 

@@ -46,8 +46,15 @@ def _terminate(text: str) -> None:
 
 
 def _failed(target: Target, reason: str, message: str, hw_class: str) -> TargetStatus:
-    return TargetStatus(name=target.name, backend=target.backend, precision=target.precision, phase="Failed",
-                        reason=reason, message=message[-2000:], hardware_class=hw_class)
+    return TargetStatus(
+        name=target.name,
+        backend=target.backend,
+        precision=target.precision,
+        phase="Failed",
+        reason=reason,
+        message=message[-2000:],
+        hardware_class=hw_class,
+    )
 
 
 def main() -> None:
@@ -61,8 +68,13 @@ def main() -> None:
     doc["spec"]["targets"] = [target.to_wire()]
     doc["spec"].pop("fleet", None)
     cm = CompiledModel.model_validate(doc)
-    opts = PipelineOptions(base_dir=Path(os.environ.get("KOMPILE_SOURCE_DIR", ".")).resolve(), work_dir=work,
-                           artifact_root=work / "out", only_targets=[target.name], hardware_class=hw_class)
+    opts = PipelineOptions(
+        base_dir=Path(os.environ.get("KOMPILE_SOURCE_DIR", ".")).resolve(),
+        work_dir=work,
+        artifact_root=work / "out",
+        only_targets=[target.name],
+        hardware_class=hw_class,
+    )
     reporter = LogReporter(lambda m: print(m, flush=True))
     try:
         result = run_pipeline(cm, opts, reporter)
@@ -77,8 +89,12 @@ def main() -> None:
         built = result.built[0]
         # The store holds the Triton repository root at the content address the operator expects.
         status.artifact = status.artifact.model_copy(update={"uri": prefix}) if status.artifact else None
-        (built.repo_dir / "result.json").write_text(json.dumps(
-            {**json.loads((built.repo_dir / "result.json").read_text()), "target": status.to_wire()}, indent=2))
+        (built.repo_dir / "result.json").write_text(
+            json.dumps(
+                {**json.loads((built.repo_dir / "result.json").read_text()), "target": status.to_wire()},
+                indent=2,
+            )
+        )
         try:
             put_tree(built.repo_dir, prefix, endpoint)
         except StoreError as err:
@@ -86,7 +102,9 @@ def main() -> None:
             raise SystemExit(EXIT_STORE) from None
     else:
         try:
-            write_bytes(join(prefix, "result.json"), json.dumps({"target": status.to_wire()}).encode(), endpoint)
+            write_bytes(
+                join(prefix, "result.json"), json.dumps({"target": status.to_wire()}).encode(), endpoint
+            )
         except StoreError as err:
             print(f"kompile-job: {err}", file=sys.stderr)
     _terminate(compact_result(status, result.status.source_digest, version))

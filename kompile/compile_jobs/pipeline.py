@@ -92,9 +92,7 @@ def plan_targets(cm: CompiledModel) -> list[Target]:
     fleet = cm.spec.fleet
     assert fleet is not None and fleet.enabled  # the spec validator guarantees one of the two
     cls = local_cpu_class()
-    return [
-        Target(name=f"{cls}-{p}", backend=fleet.cpu_backend, precision=p) for p in fleet.precisions
-    ]
+    return [Target(name=f"{cls}-{p}", backend=fleet.cpu_backend, precision=p) for p in fleet.precisions]
 
 
 def _skip_reason(target: Target) -> tuple[str, str] | None:
@@ -131,26 +129,35 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     status.source_digest = loaded.digest
     feeds = _reference_feeds(cm, opts.base_dir)
     reporter.stage(None, f"exporting {loaded.label} to ONNX")
-    onnx_path, output_names = export.export_onnx(loaded, spec.inputs, feeds[0], opts.work_dir / "export" / "model.onnx")
+    onnx_path, output_names = export.export_onnx(
+        loaded, spec.inputs, feeds[0], opts.work_dir / "export" / "model.onnx"
+    )
     reference_runner = None if loaded.module is not None else _onnx_reference(onnx_path, threads)
     reporter.stage(None, f"computing reference outputs on {len(feeds)} samples")
     reference = _reference_outputs(loaded, reference_runner, feeds, cm)
     if not all(np.isfinite(o).all() for outs in reference for o in outs):
         raise sources.SourceError(
             f"the source model {loaded.label} itself yields NaN or Inf on the reference inputs: nothing "
-            "can be validated against it; check the model's weights or the input ranges (spec.inputs low/high)"
+            "can be validated against it; check the model's weights or the input ranges "
+            "(spec.inputs low/high)"
         )
 
     result = PipelineResult(status=status, lineage=loaded.lineage)
     for target in targets:
-        ts = TargetStatus(name=target.name, backend=target.backend, precision=target.precision,
-                          phase="Pending", hardware_class=hw_class)
+        ts = TargetStatus(
+            name=target.name,
+            backend=target.backend,
+            precision=target.precision,
+            phase="Pending",
+            hardware_class=hw_class,
+        )
         skip = _skip_reason(target)
         if skip:
             ts.phase, ts.reason, ts.message = "Skipped", skip[0], skip[1]
         else:
-            built = _build_target(cm, target, ts, onnx_path, output_names, feeds, reference, threads, loaded, opts,
-                                  reporter)
+            built = _build_target(
+                cm, target, ts, onnx_path, output_names, feeds, reference, threads, loaded, opts, reporter
+            )
             if built:
                 result.built.append(built)
         status.targets.append(ts)
@@ -167,8 +174,12 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
 def _reference_feeds(cm: CompiledModel, base_dir: Path) -> list[inputs.Feed]:
     v = cm.spec.validation
     if v.dataset:
-        path = sources.fetch(v.dataset, base_dir / ".kompile" / "cache", base_dir,
-                             cm.spec.registry.s3_endpoint if cm.spec.registry else None)
+        path = sources.fetch(
+            v.dataset,
+            base_dir / ".kompile" / "cache",
+            base_dir,
+            cm.spec.registry.s3_endpoint if cm.spec.registry else None,
+        )
         return inputs.load_dataset(path, cm.spec.inputs)
     return inputs.generate_feeds(cm.spec.inputs, v.samples, v.seed)
 
@@ -194,16 +205,31 @@ def _tail(err: BaseException, limit: int = 600) -> str:
 
 
 def _build_target(
-    cm: CompiledModel, target: Target, ts: TargetStatus, onnx_path: Path, output_names: list[str],
-    feeds: list[inputs.Feed], reference: list[list[Any]], threads: int, loaded: sources.LoadedSource,
-    opts: PipelineOptions, reporter: Reporter,
+    cm: CompiledModel,
+    target: Target,
+    ts: TargetStatus,
+    onnx_path: Path,
+    output_names: list[str],
+    feeds: list[inputs.Feed],
+    reference: list[list[Any]],
+    threads: int,
+    loaded: sources.LoadedSource,
+    opts: PipelineOptions,
+    reporter: Reporter,
 ) -> BuiltTarget | None:
     backend = get_backend(target.backend)
     out_dir = opts.work_dir / "build" / target.name
     out_dir.mkdir(parents=True, exist_ok=True)
     reporter.stage(target.name, f"compiling with {target.backend} {backend.version()} at {target.precision}")
-    request = CompileRequest(onnx_path=onnx_path, out_dir=out_dir, target=target, signature=cm.spec.inputs,
-                             calibration=feeds, threads=threads, module=loaded.module)
+    request = CompileRequest(
+        onnx_path=onnx_path,
+        out_dir=out_dir,
+        target=target,
+        signature=cm.spec.inputs,
+        calibration=feeds,
+        threads=threads,
+        module=loaded.module,
+    )
     try:
         artifact = backend.compile(request)
         runner = backend.load(artifact, threads)
@@ -211,7 +237,9 @@ def _build_target(
         ts.phase, ts.reason, ts.message = "Failed", "CompileFailed", _tail(err)
         return None
     reporter.stage(target.name, "validating against the source model")
-    thresholds = validate.resolve_thresholds(target.precision, cm.spec.validation.tolerances, target.tolerances)
+    thresholds = validate.resolve_thresholds(
+        target.precision, cm.spec.validation.tolerances, target.tolerances
+    )
     try:
         candidate = [runner.run(f) for f in feeds]
     except (RuntimeError, ValueError) as err:
@@ -222,17 +250,32 @@ def _build_target(
     repo_root = opts.artifact_root / cm.metadata.name / f"{target.name}-{digest.split(':')[1][:12]}"
     in_specs, out_specs = triton.onnx_io(onnx_path)
     max_batch = _max_batch(cm)
-    config = triton.config_pbtxt(cm.metadata.name, artifact.triton_platform, in_specs, out_specs, max_batch,
-                                 "KIND_GPU" if backend.device == "cuda" else "KIND_CPU")
-    triton.write_model_repository(repo_root, cm.metadata.name, artifact.model_path, artifact.model_filename, config)
-    ts.artifact = Artifact(uri=repo_root.resolve().as_uri(), digest=digest, size_bytes=artifact.model_path.stat().st_size)
+    config = triton.config_pbtxt(
+        cm.metadata.name,
+        artifact.triton_platform,
+        in_specs,
+        out_specs,
+        max_batch,
+        "KIND_GPU" if backend.device == "cuda" else "KIND_CPU",
+    )
+    triton.write_model_repository(
+        repo_root, cm.metadata.name, artifact.model_path, artifact.model_filename, config
+    )
+    ts.artifact = Artifact(
+        uri=repo_root.resolve().as_uri(), digest=digest, size_bytes=artifact.model_path.stat().st_size
+    )
     if ts.validation.passed:
         ts.phase, ts.reason, ts.message = "Succeeded", "Validated", None
     else:
         ts.phase, ts.reason = "Failed", "ValidationFailed"
         ts.message = "; ".join(ts.validation.failures)
-    params = {"backend": target.backend, "backend_version": backend.version(), "precision": target.precision,
-              "hardware_class": ts.hardware_class or "", **{f"option.{k}": v for k, v in artifact.options.items()}}
+    params = {
+        "backend": target.backend,
+        "backend_version": backend.version(),
+        "precision": target.precision,
+        "hardware_class": ts.hardware_class or "",
+        **{f"option.{k}": v for k, v in artifact.options.items()},
+    }
     return BuiltTarget(target, ts, artifact, runner, repo_root, params)
 
 
@@ -247,13 +290,20 @@ def _max_batch(cm: CompiledModel) -> int:
 def _batch_feeds(cm: CompiledModel, batch: int) -> inputs.Feed | None:
     name = inputs.batch_dim(cm.spec.inputs)
     if name is None:
-        return inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1)[0] if batch == 1 else None
+        return (
+            inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1)[0] if batch == 1 else None
+        )
     return inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1, {name: batch})[0]
 
 
 def _benchmark(
-    cm: CompiledModel, loaded: sources.LoadedSource, reference_runner: Runner | None, result: PipelineResult,
-    feeds: list[inputs.Feed], threads: int, reporter: Reporter,
+    cm: CompiledModel,
+    loaded: sources.LoadedSource,
+    reference_runner: Runner | None,
+    result: PipelineResult,
+    feeds: list[inputs.Feed],
+    threads: int,
+    reporter: Reporter,
 ) -> None:
     """Time eager and every validated artifact interleaved, per batch size (noise hits all alike)."""
     b = cm.spec.benchmark
@@ -272,7 +322,7 @@ def _benchmark(
         if compiled_module is not None:
             fns["torch.compile"] = export.eager_callable(compiled_module[0], feed, cm.spec.inputs)
         for x in timed:
-            fns[x.target.name] = (lambda r=x.runner, f=feed: r.run(f))
+            fns[x.target.name] = _runner_call(x.runner, feed)
         stats = bench.time_interleaved(fns, batch, b.warmup, b.iterations)
         eager.append(stats["eager"])
         if "torch.compile" in stats:
@@ -285,8 +335,13 @@ def _benchmark(
             x.status.speedup = round(eager[0].p50_ms / x.status.latency[0].p50_ms, 3)
     result.status.baselines.append(Baseline(name="eager", latency=eager))
     if compiled_module is not None:
-        result.status.baselines.append(Baseline(name="torch.compile", latency=compiled,
-                                                compile_seconds=compiled_module[1]))
+        result.status.baselines.append(
+            Baseline(name="torch.compile", latency=compiled, compile_seconds=compiled_module[1])
+        )
+
+
+def _runner_call(runner: Runner, feed: inputs.Feed) -> Callable[[], object]:
+    return lambda: runner.run(feed)
 
 
 def _reference_call(
@@ -298,7 +353,9 @@ def _reference_call(
     return fn
 
 
-def _torch_compile(loaded: sources.LoadedSource, cm: CompiledModel, reporter: Reporter) -> tuple[Any, float] | None:
+def _torch_compile(
+    loaded: sources.LoadedSource, cm: CompiledModel, reporter: Reporter
+) -> tuple[Any, float] | None:
     import time
 
     import torch

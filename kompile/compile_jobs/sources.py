@@ -17,7 +17,13 @@ from urllib.parse import urlparse
 
 from kompile.api.spec import Source
 
-_SUFFIX_FORMATS = {".pt2": "pt2", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript", ".onnx": "onnx"}
+_SUFFIX_FORMATS = {
+    ".pt2": "pt2",
+    ".pt": "torchscript",
+    ".pth": "torchscript",
+    ".ts": "torchscript",
+    ".onnx": "onnx",
+}
 
 
 class SourceError(ValueError):
@@ -119,7 +125,9 @@ def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
     import torch
 
     if not isinstance(model, torch.nn.Module):
-        raise SourceError(f"spec.source.uri {uri!r}: {attr}() returned {type(model).__name__}, not an nn.Module")
+        raise SourceError(
+            f"spec.source.uri {uri!r}: {attr}() returned {type(model).__name__}, not an nn.Module"
+        )
     h = hashlib.sha256()
     if module.__file__:
         h.update(Path(module.__file__).read_bytes())
@@ -149,7 +157,9 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir / "mlflow")))
+        local = Path(
+            mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir / "mlflow"))
+        )
     except MlflowException as err:
         raise SourceError(f"spec.source.uri {uri!r}: cannot fetch the MLflow model: {err.message}") from None
     digest = sha256_tree(local)
@@ -162,7 +172,10 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
 
 
 def load_source(
-    source: Source, base_dir: Path, cache_dir: Path, s3_endpoint: str | None = None,
+    source: Source,
+    base_dir: Path,
+    cache_dir: Path,
+    s3_endpoint: str | None = None,
     tracking_uri: str | None = None,
 ) -> LoadedSource:
     """Fetch, digest and load the manifest's source."""

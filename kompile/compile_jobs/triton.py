@@ -38,7 +38,8 @@ def _tensor_block(kind: str, tensors: Sequence[TensorSpec], batched: bool) -> st
         dims = t.shape[1:] if batched else t.shape
         dims_text = ", ".join(str(d) for d in dims) or "1"
         items.append(
-            f'  {{\n    name: "{t.name}"\n    data_type: {_TRITON_TYPES[t.dtype]}\n    dims: [ {dims_text} ]\n  }}'
+            f'  {{\n    name: "{t.name}"\n    data_type: {_TRITON_TYPES[t.dtype]}\n'
+            f"    dims: [ {dims_text} ]\n  }}"
         )
     return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
 

@@ -54,8 +54,13 @@ class HardwareClass:
             exprs.append({"key": GPU_PRODUCT, "operator": "DoesNotExist"})
             if self.isa is None:
                 exprs += [{"key": label, "operator": "DoesNotExist"} for label, _ in NFD_ISA]
-        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": exprs}]}}}
+        return {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": exprs}]
+                }
+            }
+        }
 
 
 def _slug(text: str) -> str:
@@ -78,7 +83,11 @@ def classify(labels: Mapping[str, str]) -> tuple[str, dict[str, str], dict[str, 
         selector = {ARCH: arch}
         if cc:
             selector |= {CC_MAJOR: str(major), CC_MINOR: str(minor)}
-        return name, selector, {"kind": "gpu", "arch": arch, "product": base_product(product), "cc": cc, "isa": None}
+        return (
+            name,
+            selector,
+            {"kind": "gpu", "arch": arch, "product": base_product(product), "cc": cc, "isa": None},
+        )
     isa = next((value for label, value in NFD_ISA if labels.get(label) == "true"), None)
     selector = {ARCH: arch}
     name = f"cpu-{arch}"
@@ -109,9 +118,15 @@ def discover(nodes: Iterable[Mapping[str, Any]]) -> list[HardwareClass]:
         entry["nodes"].append(meta.get("name", ""))
     return [
         HardwareClass(
-            name=name, kind=e["facts"]["kind"], arch=e["facts"]["arch"], product=e["facts"]["product"],
-            compute_capability=e["facts"]["cc"], isa=e["facts"]["isa"], node_selector=e["selector"],
-            products=tuple(sorted(e["products"])), nodes=tuple(sorted(e["nodes"])),
+            name=name,
+            kind=e["facts"]["kind"],
+            arch=e["facts"]["arch"],
+            product=e["facts"]["product"],
+            compute_capability=e["facts"]["cc"],
+            isa=e["facts"]["isa"],
+            node_selector=e["selector"],
+            products=tuple(sorted(e["products"])),
+            nodes=tuple(sorted(e["nodes"])),
         )
         for name, e in sorted(found.items())
     ]

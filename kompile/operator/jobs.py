@@ -40,15 +40,28 @@ def _label_value(text: str) -> str:
 
 
 def owner_reference(cm: CompiledModel) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": cm.metadata.name, "uid": cm.metadata.uid,
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": cm.metadata.name,
+        "uid": cm.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:
-    doc = {"apiVersion": API_VERSION, "kind": KIND,
-           "metadata": {"name": cm.metadata.name, "namespace": cm.metadata.namespace, "uid": cm.metadata.uid,
-                        "generation": cm.metadata.generation},
-           "spec": cm.spec.to_wire()}
+    doc = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": cm.metadata.name,
+            "namespace": cm.metadata.namespace,
+            "uid": cm.metadata.uid,
+            "generation": cm.metadata.generation,
+        },
+        "spec": cm.spec.to_wire(),
+    }
     registry = cm.spec.registry
     env = [
         {"name": "KOMPILE_COMPILED_MODEL", "value": json.dumps(doc, separators=(",", ":"))},
@@ -73,7 +86,9 @@ def _secret_name(cm: CompiledModel, settings: Settings) -> str | None:
     return settings.store_secret
 
 
-def build_job(cm: CompiledModel, rt: ResolvedTarget, cache_key: str, prefix: str, settings: Settings) -> dict[str, Any]:
+def build_job(
+    cm: CompiledModel, rt: ResolvedTarget, cache_key: str, prefix: str, settings: Settings
+) -> dict[str, Any]:
     """The compile Job for one target of one generation."""
     uid = cm.metadata.uid or ""
     generation = cm.metadata.generation or 0
@@ -110,8 +125,12 @@ def build_job(cm: CompiledModel, rt: ResolvedTarget, cache_key: str, prefix: str
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": settings.scratch_size}}],
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "fsGroup": RUN_AS,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "automountServiceAccountToken": False,
     }
     if rt.node_selector:
@@ -136,11 +155,19 @@ def build_job(cm: CompiledModel, rt: ResolvedTarget, cache_key: str, prefix: str
             "backoffLimit": settings.job_backoff_limit,
             "activeDeadlineSeconds": settings.job_deadline_seconds,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
-                                                       "values": [EXIT_BAD_INPUT]}},
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-            ]},
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER,
+                            "operator": "In",
+                            "values": [EXIT_BAD_INPUT],
+                        },
+                    },
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }

@@ -40,8 +40,9 @@ class Kube:
         return [self.api.sanitize_for_serialization(n) for n in items]
 
     def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        items = self.batch.list_namespaced_job(namespace, label_selector=selector,
-                                               _request_timeout=REQUEST_TIMEOUT).items
+        items = self.batch.list_namespaced_job(
+            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
+        ).items
         return [self.api.sanitize_for_serialization(j) for j in items]
 
     def create_job(self, namespace: str, job: dict[str, Any]) -> bool:
@@ -56,21 +57,24 @@ class Kube:
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
-            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background",
-                                             _request_timeout=REQUEST_TIMEOUT)
+            self.batch.delete_namespaced_job(
+                name, namespace, propagation_policy="Background", _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as err:
             if err.status != 404:
                 raise
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        items = self.core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={job}",
-                                              _request_timeout=REQUEST_TIMEOUT).items
+        items = self.core.list_namespaced_pod(
+            namespace, label_selector=f"{JOB_NAME_LABEL}={job}", _request_timeout=REQUEST_TIMEOUT
+        ).items
         return [self.api.sanitize_for_serialization(p) for p in items]
 
     def get_compiled_model(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT)
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -78,12 +82,14 @@ class Kube:
         return obj
 
     def list_compiled_models(self) -> list[dict[str, Any]]:
-        res: dict[str, Any] = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL,
-                                                                     _request_timeout=REQUEST_TIMEOUT)
+        res: dict[str, Any] = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, _request_timeout=REQUEST_TIMEOUT
+        )
         items: list[dict[str, Any]] = res.get("items", [])
         return items
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         # A merge patch replaces lists whole: the caller always sends the full rebuilt status.
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT)
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from prometheus_client import start_http_server
@@ -40,7 +40,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 def _run(body: kopf.Body, logger: kopf.Logger) -> None:
     def event(kind: str, reason: str, message: str) -> None:
-        (kopf.info if kind == "Normal" else kopf.warn)(dict(body), reason=reason, message=message[:1000])
+        (kopf.info if kind == "Normal" else kopf.warn)(body, reason=reason, message=message[:1000])
 
     reconcile(dict(body), kube(), SETTINGS, event)
 
@@ -65,4 +65,4 @@ def on_job(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     for owner in owners:
         doc = kube().get_compiled_model(body.metadata.namespace or "default", owner["name"])
         if doc is not None and doc["metadata"].get("uid") == owner.get("uid"):
-            _run(kopf.Body(doc), logger)
+            _run(kopf.Body(cast(kopf.RawBody, doc)), logger)

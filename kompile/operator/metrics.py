@@ -5,10 +5,15 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter("kompile_reconciles_total", "CompiledModel reconciles run.")
-JOBS = Counter("kompile_jobs_total", "Compile targets finished, by outcome (Succeeded, Failed, Cached).",
-               ["outcome"])
-COMPILE_SECONDS = Histogram("kompile_compile_duration_seconds", "Compile Job duration, creation to end.",
-                            buckets=(10, 30, 60, 120, 300, 600, 1200, 3600))
+JOBS = Counter(
+    "kompile_jobs_total", "Compile targets finished, by outcome (Succeeded, Failed, Cached).", ["outcome"]
+)
+COMPILE_SECONDS = Histogram(
+    "kompile_compile_duration_seconds",
+    "Compile Job duration, creation to end.",
+    buckets=(10, 30, 60, 120, 300, 600, 1200, 3600),
+)
 VALIDATION_SECONDS = Histogram("kompile_validation_duration_seconds", "Validation time reported by Jobs.")
-SPEEDUP = Gauge("kompile_target_speedup", "Speedup over eager of a target's artifact.",
-                ["namespace", "name", "target"])
+SPEEDUP = Gauge(
+    "kompile_target_speedup", "Speedup over eager of a target's artifact.", ["namespace", "name", "target"]
+)

@@ -104,10 +104,16 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         labels = job["metadata"].get("labels") or {}
         if labels.get(LABEL_GENERATION) != str(generation):
             kube.delete_job(namespace, job["metadata"]["name"])
-            event("Normal", "JobSuperseded", f"deleted Job {job['metadata']['name']} of generation "
-                  f"{labels.get(LABEL_GENERATION)}")
-    current = {(j["metadata"].get("labels") or {}).get(LABEL_TARGET): j for j in jobs
-               if (j["metadata"].get("labels") or {}).get(LABEL_GENERATION) == str(generation)}
+            event(
+                "Normal",
+                "JobSuperseded",
+                f"deleted Job {job['metadata']['name']} of generation {labels.get(LABEL_GENERATION)}",
+            )
+    current = {
+        (j["metadata"].get("labels") or {}).get(LABEL_TARGET): j
+        for j in jobs
+        if (j["metadata"].get("labels") or {}).get(LABEL_GENERATION) == str(generation)
+    }
 
     classes = discover(kube.list_nodes())
     resolved = resolve_targets(cm.spec, classes, settings.runtime_class_gpu)
@@ -123,25 +129,47 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
     before = next((c.status for c in status.conditions if c.type == "Ready"), None)
     summarize(status, generation)
     if not resolved:
-        status.conditions = set_condition(status.conditions, "Ready", "False", "NoTargets",
-                                          "fleet discovery found no hardware class and no target is listed",
-                                          generation)
+        status.conditions = set_condition(
+            status.conditions,
+            "Ready",
+            "False",
+            "NoTargets",
+            "fleet discovery found no hardware class and no target is listed",
+            generation,
+        )
     ready = next(c for c in status.conditions if c.type == "Ready")
-    if ready.status != before and ready.status in ("True", "False") and all(t.phase in TERMINAL for t in targets):
+    if (
+        ready.status != before
+        and ready.status in ("True", "False")
+        and all(t.phase in TERMINAL for t in targets)
+    ):
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
     kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
     return Outcome(status, done=all(t.phase in TERMINAL for t in targets))
 
 
 def _target(
-    cm: CompiledModel, rt: ResolvedTarget, job: Mapping[str, Any] | None, prev: TargetStatus | None,
-    kube: Kube, settings: Settings, endpoint: str | None, event: EventFn,
+    cm: CompiledModel,
+    rt: ResolvedTarget,
+    job: Mapping[str, Any] | None,
+    prev: TargetStatus | None,
+    kube: Kube,
+    settings: Settings,
+    endpoint: str | None,
+    event: EventFn,
 ) -> TargetStatus:
     namespace = cm.metadata.namespace or "default"
     version = settings.backend_versions.get(rt.target.backend, "unknown")
     model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
-    key = cache_key(source_fingerprint(cm), rt.target, version, rt.hardware_class, cm.spec.inputs,
-                    cm.spec.validation, model_name)
+    key = cache_key(
+        source_fingerprint(cm),
+        rt.target,
+        version,
+        rt.hardware_class,
+        cm.spec.inputs,
+        cm.spec.validation,
+        model_name,
+    )
     prefix = artifact_prefix(store_root(cm, settings), key)
     if job is not None:
         stored = read_stored_result(prefix, endpoint)
@@ -151,20 +179,36 @@ def _target(
         if ts.phase in TERMINAL:
             metrics.JOBS.labels(outcome=ts.phase).inc()
             if ts.speedup is not None:
-                metrics.SPEEDUP.labels(namespace=namespace, name=cm.metadata.name, target=rt.name).set(ts.speedup)
+                metrics.SPEEDUP.labels(namespace=namespace, name=cm.metadata.name, target=rt.name).set(
+                    ts.speedup
+                )
             kind = "Normal" if ts.phase == "Succeeded" else "Warning"
             event(kind, ts.reason or ts.phase, f"target {rt.name}: {ts.message or ts.phase}")
         return ts
     cached = read_stored_result(prefix, endpoint)
     if cached and cached[0].validation and cached[0].validation.passed and _digest_ok(cm, cached[1]):
-        ts = cached[0].model_copy(update={"name": rt.name, "cached": True, "cache_key": key, "job": None,
-                                          "hardware_class": rt.hardware_class, "reason": "CacheHit",
-                                          "message": f"reused validated artifact {prefix}"})
+        ts = cached[0].model_copy(
+            update={
+                "name": rt.name,
+                "cached": True,
+                "cache_key": key,
+                "job": None,
+                "hardware_class": rt.hardware_class,
+                "reason": "CacheHit",
+                "message": f"reused validated artifact {prefix}",
+            }
+        )
         event("Normal", "CacheHit", f"target {rt.name}: reused validated artifact {key[:12]}")
         metrics.JOBS.labels(outcome="Cached").inc()
         return ts
-    base = TargetStatus(name=rt.name, backend=rt.target.backend, precision=rt.target.precision, phase="Pending",
-                        hardware_class=rt.hardware_class, cache_key=key)
+    base = TargetStatus(
+        name=rt.name,
+        backend=rt.target.backend,
+        precision=rt.target.precision,
+        phase="Pending",
+        hardware_class=rt.hardware_class,
+        cache_key=key,
+    )
     if cm.spec.suspend:
         base.reason, base.message = "Suspended", "spec.suspend is true: no new compile Job"
         return base
@@ -173,7 +217,9 @@ def _target(
     base.job = manifest["metadata"]["name"]
     base.message = "compile Job created"
     if created:
-        event("Normal", "JobCreated", f"target {rt.name}: created Job {base.job} on class {rt.hardware_class}")
+        event(
+            "Normal", "JobCreated", f"target {rt.name}: created Job {base.job} on class {rt.hardware_class}"
+        )
     return base
 
 

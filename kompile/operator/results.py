@@ -47,12 +47,22 @@ def node_of(pods: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def _base(rt: ResolvedTarget, job_name: str, node: str | None) -> dict[str, Any]:
-    return {"name": rt.name, "backend": rt.target.backend, "precision": rt.target.precision,
-            "hardware_class": rt.hardware_class, "job": job_name, "node": node}
+    return {
+        "name": rt.name,
+        "backend": rt.target.backend,
+        "precision": rt.target.precision,
+        "hardware_class": rt.hardware_class,
+        "job": job_name,
+        "node": node,
+    }
 
 
-def from_job(rt: ResolvedTarget, job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
-             stored_result: TargetStatus | None) -> tuple[TargetStatus, str | None]:
+def from_job(
+    rt: ResolvedTarget,
+    job: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    stored_result: TargetStatus | None,
+) -> tuple[TargetStatus, str | None]:
     """The target's status from its Job; returns it with the source digest the Job reported."""
     name = (job.get("metadata") or {}).get("name", "")
     state, reason = job_state(job)
@@ -60,7 +70,9 @@ def from_job(rt: ResolvedTarget, job: Mapping[str, Any], pods: Sequence[Mapping[
     base = _base(rt, name, node)
     if state == "Running":
         phase = "Running" if node else "Pending"
-        return TargetStatus(**base, phase=phase, message="compile Job running" if node else "waiting for a node"), None
+        return TargetStatus(
+            **base, phase=phase, message="compile Job running" if node else "waiting for a node"
+        ), None
     pod = latest_pod(pods)
     term = _terminated(pod) if pod else None
     message = (term or {}).get("message") or ""
@@ -73,9 +85,15 @@ def from_job(rt: ResolvedTarget, job: Mapping[str, Any], pods: Sequence[Mapping[
     if state == "Complete":
         result = stored_result or parsed
         if result is None:
-            return TargetStatus(**base, phase="Failed", reason="NoResult",
-                                message="the compile Job succeeded but reported no result"), None
-        return result.model_copy(update={k: v for k, v in base.items() if v is not None or k == "node"}), digest
+            return TargetStatus(
+                **base,
+                phase="Failed",
+                reason="NoResult",
+                message="the compile Job succeeded but reported no result",
+            ), None
+        return result.model_copy(
+            update={k: v for k, v in base.items() if v is not None or k == "node"}
+        ), digest
     # Failed: a compact result (bad input) explains itself; otherwise the log tail does.
     if parsed is not None:
         return parsed.model_copy(update=base | {"phase": "Failed"}), digest
@@ -83,5 +101,6 @@ def from_job(rt: ResolvedTarget, job: Mapping[str, Any], pods: Sequence[Mapping[
     why = f"compile Job failed ({reason or 'Failed'}"
     why += f", exit code {exit_code})" if exit_code is not None else ")"
     tail = message[-MESSAGE_TAIL:].strip()
-    return TargetStatus(**base, phase="Failed", reason=reason or "JobFailed",
-                        message=f"{why}: {tail}" if tail else why), None
+    return TargetStatus(
+        **base, phase="Failed", reason=reason or "JobFailed", message=f"{why}: {tail}" if tail else why
+    ), None

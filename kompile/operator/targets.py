@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kompile.api.spec import CompiledModelSpec, Target
+from kompile.api.spec import CompiledModelSpec, Precision, Target
 from kompile.operator.fleet import GPU_PRODUCT, GPU_RESOURCE, HardwareClass
 
 GPU_BACKENDS = {"tensorrt"}
@@ -71,20 +71,32 @@ def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str
         affinity=None,
         tolerations=tolerations,
         resources=resources,
-        runtime_class=(hw.runtime_class_name if hw and hw.runtime_class_name else (gpu_runtime if gpu else None)),
+        runtime_class=(
+            hw.runtime_class_name if hw and hw.runtime_class_name else (gpu_runtime if gpu else None)
+        ),
     )
 
 
-def _fleet_target(cls: HardwareClass, spec: CompiledModelSpec, precision: str, gpu_runtime: str | None) -> ResolvedTarget:
+def _fleet_target(
+    cls: HardwareClass, spec: CompiledModelSpec, precision: Precision, gpu_runtime: str | None
+) -> ResolvedTarget:
     fleet = spec.fleet
     assert fleet is not None
     gpu = cls.kind == "gpu"
-    target = Target(name=f"{cls.name}-{precision}"[:63].rstrip("-"),
-                    backend=fleet.gpu_backend if gpu else fleet.cpu_backend, precision=precision)  # type: ignore[arg-type]
+    target = Target(
+        name=f"{cls.name}-{precision}"[:63].rstrip("-"),
+        backend=fleet.gpu_backend if gpu else fleet.cpu_backend,
+        precision=precision,
+    )
     return ResolvedTarget(
-        target=target, hardware_class=cls.name, gpu=gpu, node_selector=dict(cls.node_selector),
-        affinity=cls.affinity(), tolerations=[GPU_TOLERATION] if gpu else [],
-        resources=_default_resources(gpu), runtime_class=gpu_runtime if gpu else None,
+        target=target,
+        hardware_class=cls.name,
+        gpu=gpu,
+        node_selector=dict(cls.node_selector),
+        affinity=cls.affinity(),
+        tolerations=[GPU_TOLERATION] if gpu else [],
+        resources=_default_resources(gpu),
+        runtime_class=gpu_runtime if gpu else None,
     )
 
 

@@ -34,8 +34,11 @@ def kompile_run(tmp_path: Path) -> Callable[..., RunResult]:
 
     def run(manifest: Path, *extra: str) -> RunResult:
         runner = CliRunner()
-        res = runner.invoke(app, ["run", str(manifest), "--json", "--work-dir", str(tmp_path / ".kompile"), *extra],
-                            catch_exceptions=False)
+        res = runner.invoke(
+            app,
+            ["run", str(manifest), "--json", "--work-dir", str(tmp_path / ".kompile"), *extra],
+            catch_exceptions=False,
+        )
         return RunResult(res.exit_code, res.stdout, res.stderr)
 
     return run
@@ -61,8 +64,13 @@ def small_cnn_doc(**spec: Any) -> dict[str, Any]:
         "metadata": {"name": "small"},
         "spec": {
             "source": {"uri": "python://models.small:small_cnn"},
-            "inputs": [{"name": "input", "shape": [-1, 3, 32, 32],
-                        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 16}]}],
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [-1, 3, 32, 32],
+                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 16}],
+                }
+            ],
             "targets": [{"name": "cpu-fp32", "backend": "onnxruntime", "precision": "fp32"}],
             "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
             "validation": {"samples": 2},

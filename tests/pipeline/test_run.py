@@ -50,8 +50,16 @@ def test_small_cnn_fleet_example_compiles_validates_and_registers(kompile_run, t
 
 
 def test_failed_validation_is_registered_but_never_aliased(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
-    doc = small_cnn_doc(targets=[{"name": "strict-int8", "backend": "onnxruntime", "precision": "int8",
-                                  "tolerances": {"minCosine": 1.0, "maxAbsError": 0.0}}])
+    doc = small_cnn_doc(
+        targets=[
+            {
+                "name": "strict-int8",
+                "backend": "onnxruntime",
+                "precision": "int8",
+                "tolerances": {"minCosine": 1.0, "maxAbsError": 0.0},
+            }
+        ]
+    )
     res = kompile_run(write_manifest(doc))
     assert res.code == 1
     t = _target(res.status, "strict-int8")
@@ -72,17 +80,31 @@ def test_model_file_sources(kompile_run, write_manifest, tmp_path: Path) -> None
     example = torch.randn(1, 3, 32, 32)
     torch.jit.trace(module, example).save(str(tmp_path / "m.pt"))
     batch = torch.export.Dim("batch", min=1, max=16)
-    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=({0: batch},)), str(tmp_path / "m.pt2"))
-    torch.onnx.export(module, (example,), str(tmp_path / "m.onnx"), input_names=["input"], output_names=["logits"],
-                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+    torch.export.save(
+        torch.export.export(module, (example,), dynamic_shapes=({0: batch},)), str(tmp_path / "m.pt2")
+    )
+    torch.onnx.export(
+        module,
+        (example,),
+        str(tmp_path / "m.onnx"),
+        input_names=["input"],
+        output_names=["logits"],
+        dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+        dynamo=False,
+    )
     for name in ("m.pt", "m.pt2", "m.onnx"):
-        res = kompile_run(write_manifest(small_cnn_doc(source={"uri": name}), f"{name}.yaml"), "--no-register")
+        res = kompile_run(
+            write_manifest(small_cnn_doc(source={"uri": name}), f"{name}.yaml"), "--no-register"
+        )
         assert res.code == 0, (name, res.stderr)
         assert _target(res.status, "cpu-fp32")["validation"]["passed"], name
 
 
 def test_dataset_reference_inputs(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    np.savez(tmp_path / "ref.npz", input=np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32))
+    np.savez(
+        tmp_path / "ref.npz",
+        input=np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32),
+    )
     res = kompile_run(write_manifest(small_cnn_doc(validation={"dataset": "ref.npz"})), "--no-register")
     assert res.code == 0, res.stderr
     assert _target(res.status, "cpu-fp32")["validation"]["samples"] == 3

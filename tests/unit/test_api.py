@@ -52,18 +52,38 @@ def test_defaults_fill_in() -> None:
     ("mutate", "field", "phrase"),
     [
         (lambda d: d["spec"].pop("targets"), "spec", "spec.targets or set spec.fleet.enabled"),
-        (lambda d: d["spec"]["targets"][0].update(backend="tvm"), "spec.targets[0].backend", "Input should be"),
-        (lambda d: d["spec"]["targets"][0].update(precision="fp64"), "spec.targets[0].precision", "Input should be"),
+        (
+            lambda d: d["spec"]["targets"][0].update(backend="tvm"),
+            "spec.targets[0].backend",
+            "Input should be",
+        ),
+        (
+            lambda d: d["spec"]["targets"][0].update(precision="fp64"),
+            "spec.targets[0].precision",
+            "Input should be",
+        ),
         (lambda d: d["spec"]["inputs"][0].update(shape=[-1, 3]), "spec.inputs[0]", "dynamicDims"),
         (lambda d: d["spec"]["inputs"][0].update(dtype="float64"), "spec.inputs[0].dtype", "Input should be"),
-        (lambda d: d["spec"].update(benchmark={"iterations": 0}), "spec.benchmark.iterations", "greater than"),
+        (
+            lambda d: d["spec"].update(benchmark={"iterations": 0}),
+            "spec.benchmark.iterations",
+            "greater than",
+        ),
         (lambda d: d["spec"].update(rollout={"enabled": True}), "spec", "needs spec.registry"),
         (lambda d: d["spec"]["source"].update(uri=""), "spec.source.uri", "at least 1"),
         (lambda d: d["spec"]["source"].update(digest="md5:abc"), "spec.source.digest", "pattern"),
         (lambda d: d["spec"].update(sorce={}), "spec.sorce", "unknown field"),
         (lambda d: d["spec"]["targets"][0].update(name="CPU_1"), "spec.targets[0].name", "pattern"),
-        (lambda d: d["spec"]["targets"][0].update(quantization="static"), "spec.targets[0]", "only to precision int8"),
-        (lambda d: d["spec"]["targets"].append({"name": "cpu", "backend": "onnxruntime"}), "spec", "duplicate"),
+        (
+            lambda d: d["spec"]["targets"][0].update(quantization="static"),
+            "spec.targets[0]",
+            "only to precision int8",
+        ),
+        (
+            lambda d: d["spec"]["targets"].append({"name": "cpu", "backend": "onnxruntime"}),
+            "spec",
+            "duplicate",
+        ),
     ],
 )
 def test_invalid_manifest_names_the_field(mutate, field: str, phrase: str) -> None:  # type: ignore[no-untyped-def]
@@ -138,7 +158,9 @@ def test_condition_transition_time_moves_only_on_status_change() -> None:
 def _target(name: str, passed: bool | None, p50: float = 1.0, phase: str = "Succeeded") -> TargetStatus:
     t = TargetStatus(name=name, backend="onnxruntime", precision="fp32", phase=phase)  # type: ignore[arg-type]
     if passed is not None:
-        t.validation = ValidationResult(passed=passed, samples=1, thresholds=Thresholds(min_cosine=0.9, top_k=5))
+        t.validation = ValidationResult(
+            passed=passed, samples=1, thresholds=Thresholds(min_cosine=0.9, top_k=5)
+        )
         t.latency = [LatencyStats(batch_size=1, p50_ms=p50, p90_ms=p50, p99_ms=p50, throughput=1000 / p50)]
     return t
 

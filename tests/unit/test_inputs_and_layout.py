@@ -13,12 +13,32 @@ from kompile.compile_jobs.hardware import cpu_isa
 from kompile.compile_jobs.sources import SourceError, detect_format, sha256_file
 
 SIG = [
-    InputSpec.model_validate({"name": "ids", "dtype": "int64", "shape": [-1, -1], "low": 0, "high": 100,
-                              "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8},
-                                              {"axis": 1, "name": "seq", "min": 1, "opt": 16, "max": 64}]}),
-    InputSpec.model_validate({"name": "mask", "dtype": "int64", "shape": [-1, -1], "low": 1, "high": 2,
-                              "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8},
-                                              {"axis": 1, "name": "seq", "min": 1, "opt": 16, "max": 64}]}),
+    InputSpec.model_validate(
+        {
+            "name": "ids",
+            "dtype": "int64",
+            "shape": [-1, -1],
+            "low": 0,
+            "high": 100,
+            "dynamicDims": [
+                {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8},
+                {"axis": 1, "name": "seq", "min": 1, "opt": 16, "max": 64},
+            ],
+        }
+    ),
+    InputSpec.model_validate(
+        {
+            "name": "mask",
+            "dtype": "int64",
+            "shape": [-1, -1],
+            "low": 1,
+            "high": 2,
+            "dynamicDims": [
+                {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8},
+                {"axis": 1, "name": "seq", "min": 1, "opt": 16, "max": 64},
+            ],
+        }
+    ),
 ]
 
 
@@ -47,7 +67,10 @@ def test_dataset_split_into_samples(tmp_path: Path) -> None:
     [
         ({"ids": np.zeros((2, 16), np.int64)}, "missing inputs ['mask']"),
         ({"ids": np.zeros((2, 16, 3), np.int64), "mask": np.ones((2, 16), np.int64)}, "3 dimensions"),
-        ({"ids": np.zeros((2, 100), np.int64), "mask": np.ones((2, 100), np.int64)}, "outside its declared range"),
+        (
+            {"ids": np.zeros((2, 100), np.int64), "mask": np.ones((2, 100), np.int64)},
+            "outside its declared range",
+        ),
         ({"ids": np.zeros((2, 16), np.int64), "mask": np.ones((3, 16), np.int64)}, "disagree"),
     ],
 )
@@ -78,15 +101,21 @@ def test_model_repository_layout(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("uri", "fmt"),
-    [("a/model.pt2", "pt2"), ("file:///x/m.pt", "torchscript"), ("s3://b/k/m.onnx", "onnx"),
-     ("models:/resnet/3", "mlflow"), ("runs:/abc/model", "mlflow"), ("python://pkg.mod:f", "python")],
+    [
+        ("a/model.pt2", "pt2"),
+        ("file:///x/m.pt", "torchscript"),
+        ("s3://b/k/m.onnx", "onnx"),
+        ("models:/resnet/3", "mlflow"),
+        ("runs:/abc/model", "mlflow"),
+        ("python://pkg.mod:f", "python"),
+    ],
 )
 def test_detect_format(uri: str, fmt: str) -> None:
     assert detect_format(uri) == fmt
 
 
 def test_unknown_format_says_what_to_do() -> None:
-    with pytest.raises(SourceError, match="set spec.source.format"):
+    with pytest.raises(SourceError, match=r"set spec\.source\.format"):
         detect_format("model.bin")
 
 

@@ -20,8 +20,15 @@ def node(name: str, **labels: str) -> dict[str, Any]:
 
 
 def gpu(name: str, product: str, major: str, minor: str) -> dict[str, Any]:
-    return node(name, **{"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": product,
-                         "nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor})
+    return node(
+        name,
+        **{
+            "kubernetes.io/arch": "amd64",
+            "nvidia.com/gpu.product": product,
+            "nvidia.com/gpu.compute.major": major,
+            "nvidia.com/gpu.compute.minor": minor,
+        },
+    )
 
 
 FLEET = [
@@ -36,17 +43,28 @@ FLEET = [
 
 
 def cm(**spec: Any) -> Any:
-    doc = {"apiVersion": "kompile.dev/v1alpha1", "kind": "CompiledModel",
-           "metadata": {"name": "resnet", "namespace": "ml", "uid": "u-1", "generation": 3},
-           "spec": {"source": {"uri": "s3://models/resnet.onnx"},
-                    "inputs": [{"name": "input", "shape": [1, 3, 8, 8]}], **spec}}
+    doc = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "resnet", "namespace": "ml", "uid": "u-1", "generation": 3},
+        "spec": {
+            "source": {"uri": "s3://models/resnet.onnx"},
+            "inputs": [{"name": "input", "shape": [1, 3, 8, 8]}],
+            **spec,
+        },
+    }
     return parse_manifest(doc)
 
 
 def test_discover_groups_by_arch_product_and_capability() -> None:
     classes = {c.name: c for c in discover(FLEET)}
-    assert set(classes) == {"gpu-nvidia-h100-80gb-hbm3-sm90", "gpu-nvidia-l4-sm89", "cpu-amd64", "cpu-arm64",
-                            "cpu-amd64-avx2"}
+    assert set(classes) == {
+        "gpu-nvidia-h100-80gb-hbm3-sm90",
+        "gpu-nvidia-l4-sm89",
+        "cpu-amd64",
+        "cpu-arm64",
+        "cpu-amd64-avx2",
+    }
     h100 = classes["gpu-nvidia-h100-80gb-hbm3-sm90"]
     assert h100.nodes == ("h100-a", "h100-b") and h100.compute_capability == "9.0"
     assert set(h100.products) == {"NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-SHARED"}
@@ -65,20 +83,32 @@ def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
     assert g.resources["limits"]["nvidia.com/gpu"] == "1"
     assert g.tolerations[0]["key"] == "nvidia.com/gpu"
     c = by_name["cpu-arm64-int8"]
-    assert not c.gpu and c.target.backend == "onnxruntime" and c.node_selector == {"kubernetes.io/arch": "arm64"}
+    assert (
+        not c.gpu and c.target.backend == "onnxruntime" and c.node_selector == {"kubernetes.io/arch": "arm64"}
+    )
 
 
 def test_explicit_target_keeps_its_selector_and_finds_its_class() -> None:
-    model = cm(targets=[{"name": "l4", "backend": "tensorrt", "precision": "fp16",
-                         "hardware": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}}])
+    model = cm(
+        targets=[
+            {
+                "name": "l4",
+                "backend": "tensorrt",
+                "precision": "fp16",
+                "hardware": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+            }
+        ]
+    )
     (rt,) = resolve_targets(model.spec, discover(FLEET))
     assert rt.hardware_class == "gpu-nvidia-l4-sm89"
     assert rt.node_selector == {"nvidia.com/gpu.product": "NVIDIA-L4"}
 
 
 def test_job_manifest() -> None:
-    model = cm(targets=[{"name": "cpu", "backend": "onnxruntime"}],
-               registry={"artifactStore": "s3://bucket/kompile", "credentialsSecret": {"name": "s3-creds"}})
+    model = cm(
+        targets=[{"name": "cpu", "backend": "onnxruntime"}],
+        registry={"artifactStore": "s3://bucket/kompile", "credentialsSecret": {"name": "s3-creds"}},
+    )
     (rt,) = resolve_targets(model.spec, discover(FLEET))
     job = build_job(model, rt, "k" * 40, "s3://bucket/kompile/cache/kkk", Settings())
     assert job["metadata"]["name"] == job_name("resnet", "u-1", 3, "cpu")
@@ -113,11 +143,21 @@ def test_cache_key_changes_with_what_shapes_the_artifact() -> None:
 
 def _result() -> TargetStatus:
     return TargetStatus(
-        name="cpu", backend="onnxruntime", precision="fp32", phase="Succeeded", speedup=2.5,
+        name="cpu",
+        backend="onnxruntime",
+        precision="fp32",
+        phase="Succeeded",
+        speedup=2.5,
         latency=[LatencyStats(batch_size=b, p50_ms=1, p90_ms=1, p99_ms=1, throughput=1) for b in (1, 8)],
-        validation=ValidationResult(passed=True, samples=4, thresholds=Thresholds(min_cosine=0.99, top_k=5),
-                                    outputs=[OutputCheck(name=f"o{i}", max_abs_error=1e-4, max_rel_error=1e-3,
-                                                         cosine=0.999, finite=True) for i in range(80)]),
+        validation=ValidationResult(
+            passed=True,
+            samples=4,
+            thresholds=Thresholds(min_cosine=0.99, top_k=5),
+            outputs=[
+                OutputCheck(name=f"o{i}", max_abs_error=1e-4, max_rel_error=1e-3, cosine=0.999, finite=True)
+                for i in range(80)
+            ],
+        ),
     )
 
 
@@ -135,8 +175,13 @@ def _job(cond: str | None, reason: str | None = None) -> dict[str, Any]:
 
 
 def _pod(message: str = "", exit_code: int = 0, node_name: str = "n1") -> dict[str, Any]:
-    return {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"nodeName": node_name},
-            "status": {"containerStatuses": [{"state": {"terminated": {"message": message, "exitCode": exit_code}}}]}}
+    return {
+        "metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"nodeName": node_name},
+        "status": {
+            "containerStatuses": [{"state": {"terminated": {"message": message, "exitCode": exit_code}}}]
+        },
+    }
 
 
 def test_results_from_jobs() -> None:
@@ -146,7 +191,9 @@ def test_results_from_jobs() -> None:
     assert running.phase == "Pending"
     ok, digest = from_job(rt, _job("Complete"), [_pod(compact_result(_result(), "sha256:d", "1"))], None)
     assert ok.phase == "Succeeded" and ok.node == "n1" and ok.job == "j" and digest == "sha256:d"
-    crashed, _ = from_job(rt, _job("Failed", "BackoffLimitExceeded"), [_pod("Killed: out of memory", 137)], None)
+    crashed, _ = from_job(
+        rt, _job("Failed", "BackoffLimitExceeded"), [_pod("Killed: out of memory", 137)], None
+    )
     assert crashed.phase == "Failed" and crashed.reason == "BackoffLimitExceeded"
     assert "exit code 137" in (crashed.message or "") and "out of memory" in (crashed.message or "")
     silent, _ = from_job(rt, _job("Complete"), [_pod("")], None)
