@@ -20,7 +20,8 @@ from kompile.api.resource import ManifestError, load_manifest
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Compile one trained model for every kind of hardware."
 )
-err_console = Console(stderr=True)
+# Wide enough for the summary table when stderr is not a terminal (CI logs, pipes).
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 EXIT_TARGET_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -80,7 +80,9 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     )
     live = console.is_terminal and not s.json_out
     reporter: Reporter = (
-        RichReporter(console) if live else LogReporter(lambda m: console.print(m, highlight=False))
+        RichReporter(console)
+        if live
+        else LogReporter(lambda m: console.print(m, markup=False, highlight=False))
     )
     try:
         result = run_pipeline(cm, opts, reporter)

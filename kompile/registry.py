@@ -8,6 +8,7 @@ it depends on the API types only.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ def record(
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    # MLflow's own INFO lines (database migrations) would interleave with our progress display.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name

@@ -7,7 +7,9 @@ flow that depends on tensor values, so tracer warnings are raised as errors that
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import shutil
 import warnings
 from collections.abc import Sequence
@@ -113,6 +115,8 @@ def export_onnx(
         if batch_axes:
             dynamic_axes[name] = dict(batch_axes)
     label = f"{loaded.label} (from {loaded.uri})"
+    if loaded.exported is not None:
+        return _export_program(loaded, example, signature, names, output_names, out_path, label)
     # Record tracer warnings rather than raising them: raised inside torch's C++ tracer they turn
     # into an opaque SystemError; recorded, they name the construct and its source line.
     with warnings.catch_warnings(record=True) as caught:
@@ -141,6 +145,36 @@ def export_onnx(
             "This is Python control flow or a Python value computed from a tensor, which a graph cannot "
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
+    return out_path, output_names
+
+
+def _export_program(
+    loaded: LoadedSource,
+    example: Feed,
+    signature: Sequence[InputSpec],
+    names: list[str],
+    output_names: list[str],
+    out_path: Path,
+    label: str,
+) -> tuple[Path, list[str]]:
+    """A torch.export archive already is a graph with its dynamic shapes: the dynamo exporter takes it
+    as it is (re-tracing its GraphModule with TorchScript is not supported)."""
+    import torch
+
+    # The dynamo exporter prints progress on stdout, which belongs to `--json`.
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            torch.onnx.export(
+                loaded.exported,
+                _to_torch(example, signature),
+                str(out_path),
+                input_names=names,
+                output_names=output_names,
+                dynamo=True,
+                external_data=False,
+            )
+    except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
+        raise ExportError(f"cannot export {label} to ONNX: {_construct(err)}") from None
     return out_path, output_names
 
 

@@ -42,10 +42,14 @@ class LoadedSource:
     onnx_path: Path | None = None
     lineage: dict[str, str] = field(default_factory=dict)
     """Where the source came from beyond its URI (for example the MLflow model version)."""
+    exported: Any = None
+    """The torch.export ExportedProgram of a .pt2 source: exported to ONNX as it is, not re-traced."""
 
     @property
     def label(self) -> str:
-        return type(self.module).__qualname__ if self.module is not None else Path(self.uri).name
+        if self.module is None or self.format in ("pt2", "torchscript"):
+            return Path(self.uri).name
+        return type(self.module).__qualname__
 
 
 def detect_format(uri: str) -> str:
@@ -137,13 +141,15 @@ def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
     return model.eval(), "sha256:" + h.hexdigest()
 
 
-def _load_torch_file(path: Path, fmt: str) -> Any:
+def _load_torch_file(path: Path, fmt: str) -> tuple[Any, Any]:
+    """(eager module, ExportedProgram or None)."""
     import torch
 
     try:
         if fmt == "pt2":
-            return torch.export.load(str(path)).module()
-        return torch.jit.load(str(path), map_location="cpu").eval()
+            program = torch.export.load(str(path))
+            return program.module(), program
+        return torch.jit.load(str(path), map_location="cpu").eval(), None
     except (RuntimeError, ValueError, OSError) as err:
         kind = "torch.export archive (.pt2)" if fmt == "pt2" else "TorchScript file"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -191,7 +197,8 @@ def load_source(
         if fmt == "onnx":
             loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path)
         else:
-            loaded = LoadedSource(source.uri, fmt, digest, module=_load_torch_file(path, fmt))
+            module, program = _load_torch_file(path, fmt)
+            loaded = LoadedSource(source.uri, fmt, digest, module=module, exported=program)
     if source.digest and source.digest != loaded.digest:
         raise SourceError(
             f"spec.source.digest is {source.digest} but the source's sha256 is {loaded.digest}: "

@@ -81,7 +81,9 @@ def test_model_file_sources(kompile_run, write_manifest, tmp_path: Path) -> None
     torch.jit.trace(module, example).save(str(tmp_path / "m.pt"))
     batch = torch.export.Dim("batch", min=1, max=16)
     torch.export.save(
-        torch.export.export(module, (example,), dynamic_shapes=({0: batch},)), str(tmp_path / "m.pt2")
+        # batch 2: an example of size 1 lets torch.export specialize the dynamic batch to 1
+        torch.export.export(module, (torch.randn(2, 3, 32, 32),), dynamic_shapes=({0: batch},)),
+        str(tmp_path / "m.pt2"),
     )
     torch.onnx.export(
         module,
