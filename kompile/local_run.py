@@ -91,7 +91,9 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
 
             reporter.stage(None, "registering in MLflow")
             records = [TargetRecord(b.status, b.repo_dir / cm.metadata.name, b.params) for b in result.built]
-            result.status.registry = record(cm, result.status, records, _tracking_uri(cm, s), result.lineage)
+            uri = _tracking_uri(cm, s)
+            artifacts = (s.work_dir / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+            result.status.registry = record(cm, result.status, records, uri, result.lineage, artifacts)
     except (SourceError, ExportError, InputMismatch) as err:
         return 2, str(err)
     finally:

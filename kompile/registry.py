@@ -77,6 +77,7 @@ def record(
     records: list[TargetRecord],
     tracking_uri: str,
     lineage: Mapping[str, str] | None = None,
+    artifact_location: str | None = None,
 ) -> RegistryStatus:
     """Log runs and register versions; set each validated target's alias. Returns what was written."""
     import mlflow
@@ -90,7 +91,12 @@ def record(
     name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
     experiment = f"kompile/{cm.metadata.namespace or 'local'}/{cm.metadata.name}"
     exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    # With a database store and no server, MLflow would put artifacts in ./mlruns of the cwd.
+    exp_id = (
+        exp.experiment_id
+        if exp
+        else client.create_experiment(experiment, artifact_location=artifact_location)
+    )
     parent_tags = {
         "kompile.name": cm.metadata.name,
         "kompile.namespace": cm.metadata.namespace or "",

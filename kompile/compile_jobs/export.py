@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import shutil
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
