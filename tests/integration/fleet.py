@@ -1,0 +1,213 @@
+"""The simulated fleet for operator tests: KWOK nodes of several hardware classes, one node run by
+the kubelet stand-in (so its compile really happens), the operator as a real process, and a
+reporter that tells each KWOK compile pod what to report (TEST STAND-IN for a compile container
+on hardware this machine does not have)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from kompile.api.result import compact_result
+from kompile.api.status import LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
+from tests.integration.kwok_stages import EXIT_CODE, MESSAGE
+
+KWOK_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+LOCAL_NODE = "local-avx2"
+LOCAL_LABELS = {
+    "kubernetes.io/arch": "amd64",
+    "kubernetes.io/os": "linux",
+    "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true",
+}
+
+
+def _gpu(product: str, major: str, minor: str) -> dict[str, str]:
+    return {
+        "kubernetes.io/arch": "amd64",
+        "kubernetes.io/os": "linux",
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.compute.major": major,
+        "nvidia.com/gpu.compute.minor": minor,
+        "nvidia.com/gpu.count": "8",
+    }
+
+
+FLEET: dict[str, dict[str, str]] = {
+    "h100-0": _gpu("NVIDIA-H100-80GB-HBM3", "9", "0"),
+    "h100-1": _gpu("NVIDIA-H100-80GB-HBM3", "9", "0"),
+    "l4-0": _gpu("NVIDIA-L4", "8", "9"),
+    **{f"cpu-{i}": {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"} for i in range(3)},
+    **{f"edge-{i}": {"kubernetes.io/arch": "arm64", "kubernetes.io/os": "linux"} for i in range(2)},
+}
+CLASSES = {
+    "gpu-nvidia-h100-80gb-hbm3-sm90": {"h100-0", "h100-1"},
+    "gpu-nvidia-l4-sm89": {"l4-0"},
+    "cpu-amd64": {"cpu-0", "cpu-1", "cpu-2"},
+    "cpu-arm64": {"edge-0", "edge-1"},
+    "cpu-amd64-avx2": {LOCAL_NODE},
+}
+
+
+def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    gpu = "nvidia.com/gpu.product" in labels
+    alloc = {"cpu": "32", "memory": "256Gi", "pods": "110", **({"nvidia.com/gpu": "8"} if gpu else {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": KWOK_ANNOTATION},
+        "spec": {"taints": [GPU_TAINT] if gpu else []},
+        "status": {"capacity": alloc, "allocatable": alloc},
+    }
+
+
+def success_result(target: str, backend: str, precision: str, p50: float = 1.0, eager: float = 4.0) -> str:
+    """What a compile on real hardware would hand back for a validated artifact."""
+    ts = TargetStatus(
+        name=target,
+        backend=backend,
+        precision=precision,
+        phase="Succeeded",
+        reason="Validated",
+        latency=[LatencyStats(batch_size=1, p50_ms=p50, p90_ms=p50, p99_ms=p50, throughput=1000 / p50)],
+        speedup=round(eager / p50, 3),
+        validation=ValidationResult(
+            passed=True,
+            samples=4,
+            thresholds=Thresholds(min_cosine=0.999, top_k=5),
+            outputs=[
+                OutputCheck(name="output", max_abs_error=1e-3, max_rel_error=1e-2, cosine=0.9999, finite=True)
+            ],
+        ),
+    )
+    return compact_result(ts, None, "test")
+
+
+Decide = Callable[[dict[str, Any]], tuple[int, str]]
+"""Given a KWOK compile pod, the (exit code, termination message) it should report."""
+
+
+class KwokReporter:
+    """Annotates each compile pod bound to a KWOK node with the result the test decided."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, decide: Decide) -> None:
+        self.core = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+        self.namespace = namespace
+        self.decide = decide
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="kwok-reporter")
+
+    def start(self) -> KwokReporter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self.core.list_namespaced_pod, self.namespace, timeout_seconds=3):
+                    self._maybe_annotate(ev["object"])
+                    if self._stop.is_set():
+                        break
+            except ApiException:
+                time.sleep(0.5)
+            finally:
+                w.stop()
+
+    def _maybe_annotate(self, pod: Any) -> None:
+        node = pod.spec.node_name
+        if not node or node == LOCAL_NODE or EXIT_CODE in (pod.metadata.annotations or {}):
+            return
+        code, message = self.decide(client.ApiClient().sanitize_for_serialization(pod))
+        patch = {"metadata": {"annotations": {EXIT_CODE: str(code), MESSAGE: message}}}
+        try:
+            self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, patch)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class OperatorProcess:
+    """`kompile operator` as a real process against the test control plane."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, store: str, log_path: Path) -> None:
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "KOMPILE_NAMESPACES": namespace,
+            "KOMPILE_ARTIFACT_STORE": store,
+            "KOMPILE_RESYNC_SECONDS": "2",
+            "KOMPILE_JOB_BACKOFF_LIMIT": "1",
+            "KOMPILE_HEALTH_PORT": str(free_port()),
+            "KOMPILE_METRICS_PORT": str(free_port()),
+        }
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kompile.cli", "operator"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def stop(self, hard: bool = False) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['KOMPILE_METRICS_PORT']}/metrics"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['KOMPILE_HEALTH_PORT']}/healthz"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0, interval: float = 0.5) -> Any:
+    """Poll until check() returns something truthy; fail naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}; last: {json.dumps(last, default=str)[:2000]}"
+    )

@@ -1,0 +1,259 @@
+"""The operator on the real control plane (apiserver, controller-manager, scheduler, kwok) with a
+simulated fleet: Jobs per hardware class, real scheduling, a real compile on the stand-in node,
+results into status, the cache, restarts, failures, generations, suspend and deletion."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from kompile.artifact_store import join, write_bytes
+from kompile.devcluster import ControlPlane
+from tests.integration.fleet import (
+    CLASSES,
+    FLEET,
+    LOCAL_LABELS,
+    LOCAL_NODE,
+    KwokReporter,
+    OperatorProcess,
+    kwok_node,
+    success_result,
+    wait_for,
+)
+from tests.integration.kubelet_standin import KubeletStandIn
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "kompile-it"
+GROUP, VERSION, PLURAL = "kompile.dev", "v1alpha1", "compiledmodels"
+TIMINGS: dict[str, float] = {}
+FAIL_TARGETS: set[str] = set()
+
+
+def decide(pod: dict[str, Any]) -> tuple[int, str]:
+    """KWOK pods succeed with a plausible result unless the test marked their target to fail."""
+    labels = pod["metadata"].get("labels", {})
+    target = labels.get("kompile.dev/target", "")
+    if target in FAIL_TARGETS:
+        return 1, "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: out of memory"
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+    t = json.loads(env["KOMPILE_TARGET"])
+    compact = success_result(t["name"], t["backend"], t.get("precision", "fp32"))
+    # As a real compile container would, publish result.json at the content address (the cache).
+    write_bytes(join(env["KOMPILE_ARTIFACT_PREFIX"], "result.json"), compact.encode())
+    return 0, compact
+
+
+@pytest.fixture(scope="module")
+def fleet(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    work = tmp_path_factory.mktemp("fleet")
+    api = config.new_client_from_config(str(control_plane.kubeconfig))
+    core, custom, batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
+    core.create_namespace({"metadata": {"name": NS}})
+    for name, labels in FLEET.items():
+        core.create_node(kwok_node(name, labels))
+    kubelet = KubeletStandIn(
+        control_plane.kubeconfig, LOCAL_NODE, LOCAL_LABELS, work / "kubelet", ROOT / "examples"
+    ).start()
+    reporter = KwokReporter(control_plane.kubeconfig, NS, decide).start()
+    store = (work / "store").as_uri()
+    op = OperatorProcess(control_plane.kubeconfig, NS, store, work / "operator.log").start()
+    try:
+        yield {
+            "core": core,
+            "custom": custom,
+            "batch": batch,
+            "operator": op,
+            "kubelet": kubelet,
+            "store": work / "store",
+            "plane": control_plane,
+            "log": work / "operator.log",
+        }
+    finally:
+        op.stop()
+        reporter.stop()
+        kubelet.stop()
+        print(f"\noperator log: {work / 'operator.log'}\ntimings: {json.dumps(TIMINGS)}")
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "CompiledModel",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"uri": "python://models.small:small_cnn"},
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [-1, 3, 32, 32],
+                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
+                }
+            ],
+            "fleet": {"enabled": True, "precisions": ["fp32"]},
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+            "validation": {"samples": 2},
+            **spec,
+        },
+    }
+
+
+def get(f: dict[str, Any], name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = f["custom"].get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+    return obj
+
+
+def jobs_of(f: dict[str, Any], name: str) -> list[Any]:
+    items: list[Any] = (
+        f["batch"].list_namespaced_job(NS, label_selector=f"kompile.dev/compiledmodel={name}").items
+    )
+    return items
+
+
+def ready(f: dict[str, Any], name: str) -> dict[str, Any] | None:
+    obj = get(f, name)
+    status = obj.get("status") or {}
+    conds = {c["type"]: c for c in status.get("conditions", [])}
+    gen_ok = status.get("observedGeneration") == obj["metadata"]["generation"]
+    settled = all(t["phase"] in ("Succeeded", "Failed", "Skipped") for t in status.get("targets", []))
+    return obj if gen_ok and settled and conds.get("Ready", {}).get("status") in ("True", "False") else None
+
+
+def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> None:
+    began = time.monotonic()
+    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("small"))
+    jobs = wait_for(
+        "one Job per hardware class", lambda: (j := jobs_of(fleet, "small")) and len(j) == 5 and j
+    )
+    TIMINGS["apply_to_all_jobs_s"] = round(time.monotonic() - began, 2)
+
+    by_class = {j.metadata.labels["kompile.dev/hardware-class"]: j for j in jobs}
+    assert set(by_class) == set(CLASSES)
+    gpu_job = by_class["gpu-nvidia-l4-sm89"].spec.template.spec
+    assert gpu_job.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    assert any(t.key == "nvidia.com/gpu" for t in gpu_job.tolerations)
+    assert gpu_job.node_selector["nvidia.com/gpu.compute.major"] == "8"
+    assert all(j.metadata.owner_references[0].kind == "CompiledModel" for j in jobs)
+
+    def placed() -> dict[str, str] | None:
+        pods = fleet["core"].list_namespaced_pod(NS, label_selector="kompile.dev/compiledmodel=small").items
+        nodes = {
+            p.metadata.labels["kompile.dev/hardware-class"]: p.spec.node_name
+            for p in pods
+            if p.spec.node_name
+        }
+        return nodes if len(nodes) == 5 else None
+
+    for cls, node in wait_for("every pod scheduled", placed).items():
+        assert node in CLASSES[cls], f"{cls} pod landed on {node}"
+
+    obj = wait_for("Ready", lambda: ready(fleet, "small"), timeout=300)
+    status = obj["status"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True", status
+    assert status["targetsReady"] == "5/5" and status["observedGeneration"] == 1
+    local = next(t for t in status["targets"] if t["hardwareClass"] == "cpu-amd64-avx2")
+    assert local["node"] == LOCAL_NODE and local["validation"]["passed"] and local["speedup"] > 0
+    repo = Path(local["artifact"]["uri"].removeprefix("file://"))
+    assert (repo / "small" / "1" / "model.onnx").is_file() and (repo / "result.json").is_file()
+    assert LOCAL_NODE in {t["node"] for t in status["targets"]}
+
+    last_end = max(j.status.completion_time for j in jobs_of(fleet, "small") if j.status.completion_time)
+    ready_at = next(c for c in status["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
+    from datetime import datetime
+
+    TIMINGS["last_job_end_to_ready_s"] = (
+        datetime.fromisoformat(ready_at.replace("Z", "+00:00")) - last_end
+    ).total_seconds()
+    table = fleet["plane"].kubectl("get", "cmodel", "-n", NS).stdout
+    assert "READY" in table and "5/5" in table and "True" in table, table
+    events = fleet["core"].list_namespaced_event(NS, field_selector="involvedObject.name=small").items
+    assert {"JobCreated", "Validated"} <= {e.reason for e in events}
+    with urllib.request.urlopen(fleet["operator"].metrics_url, timeout=5) as resp:
+        assert b"kompile_reconciles_total" in resp.read()
+
+
+def test_reapplying_uses_the_cache_and_deleting_removes_jobs(fleet: dict[str, Any]) -> None:
+    fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "small")
+    wait_for(
+        "Jobs garbage-collected with their CompiledModel", lambda: not jobs_of(fleet, "small"), timeout=120
+    )
+    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("small"))
+    obj = wait_for("Ready from cache", lambda: ready(fleet, "small"), timeout=120)
+    assert all(t["cached"] for t in obj["status"]["targets"]), obj["status"]
+    assert not jobs_of(fleet, "small")
+
+
+def test_operator_restart_midway_creates_no_duplicate(fleet: dict[str, Any]) -> None:
+    op: OperatorProcess = fleet["operator"]
+    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("restart"))
+    wait_for("Jobs created", lambda: len(jobs_of(fleet, "restart")) == 5)
+    op.stop(hard=True)
+    op.start()
+    obj = wait_for("Ready after restart", lambda: ready(fleet, "restart"), timeout=300)
+    assert {c["type"]: c["status"] for c in obj["status"]["conditions"]}["Ready"] == "True"
+    names = [j.metadata.name for j in jobs_of(fleet, "restart")]
+    assert len(names) == len(set(names)) == 5
+
+
+def test_one_failing_target_leaves_the_others(fleet: dict[str, Any]) -> None:
+    FAIL_TARGETS.add("gpu-nvidia-l4-sm89-fp32")
+    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("flaky"))
+    obj = wait_for("settled", lambda: ready(fleet, "flaky"), timeout=300)
+    targets = {t["name"]: t for t in obj["status"]["targets"]}
+    bad = targets["gpu-nvidia-l4-sm89-fp32"]
+    assert bad["phase"] == "Failed" and bad["reason"] == "BackoffLimitExceeded"
+    assert "CUDA error: out of memory" in bad["message"]
+    assert all(t["phase"] == "Succeeded" for n, t in targets.items() if n != bad["name"])
+    ready_cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
+    assert ready_cond["status"] == "False" and "gpu-nvidia-l4-sm89-fp32" in ready_cond["message"]
+    FAIL_TARGETS.clear()
+
+
+def test_new_generation_replaces_jobs_and_suspend_pauses(fleet: dict[str, Any]) -> None:
+    custom = fleet["custom"]
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("gen", suspend=True))
+    obj = wait_for(
+        "suspended status", lambda: (o := get(fleet, "gen")).get("status", {}).get("targets") and o
+    )
+    assert all(t["reason"] == "Suspended" for t in obj["status"]["targets"])
+    time.sleep(3)
+    assert not jobs_of(fleet, "gen")
+    custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "gen", {"spec": {"suspend": False}})
+    wait_for("generation 2 Jobs", lambda: len(jobs_of(fleet, "gen")) == 5)
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "gen", {"spec": {"validation": {"samples": 3}}}
+    )
+    wait_for(
+        "only generation 3 Jobs remain",
+        lambda: {j.metadata.labels["kompile.dev/generation"] for j in jobs_of(fleet, "gen")} == {"3"},
+    )
+    obj = wait_for("Ready at generation 3", lambda: ready(fleet, "gen"), timeout=300)
+    assert obj["status"]["observedGeneration"] == 3
+
+
+def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) -> None:
+    fleet["core"].create_node(
+        kwok_node(
+            "a10-0",
+            {
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/os": "linux",
+                "nvidia.com/gpu.product": "NVIDIA-A10",
+                "nvidia.com/gpu.compute.major": "8",
+                "nvidia.com/gpu.compute.minor": "6",
+            },
+        )
+    )
+    obj = wait_for(
+        "the new class's target on an existing CompiledModel",
+        lambda: (o := ready(fleet, "small")) and len(o["status"]["targets"]) == 6 and o,
+        timeout=120,
+    )
+    new = next(t for t in obj["status"]["targets"] if t["hardwareClass"] == "gpu-nvidia-a10-sm86")
+    assert new["phase"] == "Succeeded" and new["node"] == "a10-0"
