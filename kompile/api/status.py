@@ -114,6 +114,8 @@ class TargetStatus(ApiModel):
     )
     validation: ValidationResult | None = Field(default=None, description="Validation verdict.")
     registered_version: str | None = Field(default=None, description="MLflow model version.")
+    compile_seconds: float | None = Field(default=None, description="Time the compile took.")
+    validation_seconds: float | None = Field(default=None, description="Time the validation took.")
     reason: str | None = Field(
         default=None, description="CamelCase reason when the phase is Failed or Skipped."
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,12 +231,15 @@ def _build_target(
         threads=threads,
         module=loaded.module,
     )
+    started = time.perf_counter()
     try:
         artifact = backend.compile(request)
         runner = backend.load(artifact, threads)
     except BackendError as err:
         ts.phase, ts.reason, ts.message = "Failed", "CompileFailed", _tail(err)
         return None
+    ts.compile_seconds = round(time.perf_counter() - started, 3)
+    started = time.perf_counter()
     reporter.stage(target.name, "validating against the source model")
     thresholds = validate.resolve_thresholds(
         target.precision, cm.spec.validation.tolerances, target.tolerances
@@ -246,6 +250,7 @@ def _build_target(
         ts.phase, ts.reason, ts.message = "Failed", "RuntimeFailed", _tail(err)
         return None
     ts.validation = validate.compare(reference, candidate, output_names, thresholds, cm.spec.validation.task)
+    ts.validation_seconds = round(time.perf_counter() - started, 3)
     digest = sources.sha256_file(artifact.model_path)
     repo_root = opts.artifact_root / cm.metadata.name / f"{target.name}-{digest.split(':')[1][:12]}"
     in_specs, out_specs = triton.onnx_io(onnx_path)
@@ -356,8 +361,6 @@ def _reference_call(
 def _torch_compile(
     loaded: sources.LoadedSource, cm: CompiledModel, reporter: Reporter
 ) -> tuple[Any, float] | None:
-    import time
-
     import torch
 
     if loaded.module is None:

@@ -10,8 +10,8 @@ JOBS = Counter(
 )
 COMPILE_SECONDS = Histogram(
     "kompile_compile_duration_seconds",
-    "Compile Job duration, creation to end.",
-    buckets=(10, 30, 60, 120, 300, 600, 1200, 3600),
+    "Compile time reported by compile Jobs.",
+    buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1200, 3600),
 )
 VALIDATION_SECONDS = Histogram("kompile_validation_duration_seconds", "Validation time reported by Jobs.")
 SPEEDUP = Gauge(

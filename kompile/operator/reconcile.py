@@ -178,6 +178,10 @@ def _target(
         ts.cache_key = key
         if ts.phase in TERMINAL:
             metrics.JOBS.labels(outcome=ts.phase).inc()
+            if ts.compile_seconds is not None:
+                metrics.COMPILE_SECONDS.observe(ts.compile_seconds)
+            if ts.validation_seconds is not None:
+                metrics.VALIDATION_SECONDS.observe(ts.validation_seconds)
             if ts.speedup is not None:
                 metrics.SPEEDUP.labels(namespace=namespace, name=cm.metadata.name, target=rt.name).set(
                     ts.speedup
