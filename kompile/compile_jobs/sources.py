@@ -47,8 +47,8 @@ class LoadedSource:
 
     @property
     def label(self) -> str:
-        if self.module is None or self.format in ("pt2", "torchscript"):
-            return Path(self.uri).name
+        if self.module is None or self.format in ("pt2", "torchscript", "mlflow"):
+            return self.uri if self.format == "mlflow" else Path(self.uri).name
         return type(self.module).__qualname__
 
 
@@ -173,6 +173,11 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     onnx_files = sorted(local.rglob("*.onnx"))
     if onnx_files:
         return LoadedSource(uri, "mlflow", digest, onnx_path=onnx_files[0], lineage=lineage)
+    # MLflow 3 logs PyTorch models as torch.export archives by default; older ones are pickles.
+    pt2_files = sorted(local.rglob("*.pt2"))
+    if pt2_files:
+        module, program = _load_torch_file(pt2_files[0], "pt2")
+        return LoadedSource(uri, "mlflow", digest, module=module, exported=program, lineage=lineage)
     module = mlflow.pytorch.load_model(str(local), map_location="cpu")
     return LoadedSource(uri, "mlflow", digest, module=module.eval(), lineage=lineage)
 

@@ -139,3 +139,24 @@ def test_manifest_error_names_the_field(kompile_run, write_manifest) -> None:  #
     res = kompile_run(write_manifest(doc))
     assert res.code == 2
     assert "spec.targets[0].precision" in res.stderr
+
+
+def test_mlflow_model_source_links_lineage(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import mlflow
+    from mlflow import MlflowClient
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    uri = f"sqlite:///{tmp_path / 'source.db'}"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("training", artifact_location=(tmp_path / "training").as_uri())
+    with mlflow.start_run(experiment_id=exp):
+        example = np.zeros((1, 3, 32, 32), np.float32)
+        mlflow.pytorch.log_model(
+            small_cnn(), name="model", registered_model_name="small-trained", input_example=example
+        )
+    doc = small_cnn_doc(source={"uri": "models:/small-trained/1"}, registry={"trackingUri": uri})
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 0, res.stderr
+    assert res.status["sourceDigest"].startswith("sha256:")
+    (version,) = MlflowClient(tracking_uri=uri).search_model_versions("name='small'")
+    assert version.tags["mlflow.source.uri"] == "models:/small-trained/1"
