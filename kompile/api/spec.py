@@ -356,6 +356,39 @@ class RolloutGate(ApiModel):
     )
 
 
+class GitOps(ApiModel):
+    """Write InferenceService manifests for Argo CD or Flux to apply, instead of applying them."""
+
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule(
+                    "has(self.configMap) != has(self.directory)",
+                    "set exactly one of rollout.gitops.configMap and rollout.gitops.directory",
+                )
+            ]
+        }
+    }
+
+    config_map: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ConfigMap (in the CompiledModel's namespace) that receives the manifests.",
+    )
+    directory: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Folder the manifests are written to (kompile run, or a volume a GitOps agent syncs).",
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> GitOps:
+        if (self.config_map is None) == (self.directory is None):
+            raise ValueError("set exactly one of rollout.gitops.configMap and rollout.gitops.directory")
+        return self
+
+
 class Rollout(ApiModel):
     """Serving the validated winner through KServe."""
 
@@ -376,7 +409,10 @@ class Rollout(ApiModel):
         default=None,
         max_length=NAME_MAX,
         pattern=DNS_LABEL_PATTERN,
-        description="InferenceService name; default: the CompiledModel's name and hardware class.",
+        description=(
+            "InferenceService name when one hardware class is served; with several, the prefix of "
+            "<name>-<hardware class>. Default: the CompiledModel's name."
+        ),
     )
     deployment_mode: DeploymentMode | None = Field(
         default=None, description="KServe deployment mode; default: read from the cluster."
@@ -389,6 +425,17 @@ class Rollout(ApiModel):
         description="Adopt an existing InferenceService of that name instead of owning a new one.",
     )
     gate: RolloutGate | None = Field(default=None, description="What must hold before rollout.")
+    canary_timeout_seconds: int = Field(
+        default=600, ge=10, le=86400, description="A canary not Ready within this time is rolled back."
+    )
+    runtime: str = Field(
+        default="kserve-tritonserver",
+        max_length=253,
+        description="KServe ServingRuntime (set explicitly: otherwise OpenVINO's runtime may claim onnx).",
+    )
+    gitops: GitOps | None = Field(
+        default=None, description="Write manifests for a GitOps agent instead of applying them."
+    )
 
     @model_validator(mode="after")
     def _gate(self) -> Rollout:

@@ -152,11 +152,26 @@ class RegistryStatus(ApiModel):
     run_id: str | None = Field(default=None, description="MLflow parent run id.")
 
 
-class RolloutStatus(ApiModel):
-    """Observed state of the KServe rollout."""
+RolloutPhase = Literal[
+    "Pending", "Blocked", "Progressing", "Canary", "Ready", "RolledBack", "Written", "Failed"
+]
 
-    phase: str | None = Field(default=None, description="Rollout phase.")
+
+class RolloutStatus(ApiModel):
+    """Observed state of the KServe rollout for one hardware class."""
+
+    hardware_class: str = Field(description="Hardware class served.")
+    phase: RolloutPhase = Field(
+        description="Pending, Blocked (gate refused), Progressing, Canary, Ready, RolledBack, Written "
+        "(GitOps mode) or Failed."
+    )
     inference_service: str | None = Field(default=None, description="InferenceService name.")
+    target: str | None = Field(default=None, description="Target whose artifact serves (or would).")
+    storage_uri: str | None = Field(default=None, description="storageUri of the serving model.")
+    deployment_mode: str | None = Field(default=None, description="KServe deployment mode in effect.")
+    canary_traffic_percent: int | None = Field(default=None, description="Traffic on the new revision.")
+    previous_storage_uri: str | None = Field(default=None, description="What served before this rollout.")
+    started_at: str | None = Field(default=None, description="When the current step began (RFC 3339).")
     message: str | None = Field(default=None, description="Details.")
 
 
@@ -183,7 +198,12 @@ class CompiledModelStatus(ApiModel):
         default_factory=list, max_length=8, description="Reference runtimes timed in the same run."
     )
     registry: RegistryStatus | None = Field(default=None, description="Registry results.")
-    rollout: RolloutStatus | None = Field(default=None, description="Rollout results.")
+    rollouts: list[RolloutStatus] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Rollout per hardware class.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["hardwareClass"]},
+    )
 
 
 def now_rfc3339() -> str:

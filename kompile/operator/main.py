@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, cast
 
 import kopf
@@ -38,11 +39,26 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     kube()
 
 
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock_for(uid: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(uid, threading.Lock())
+
+
 def _run(body: kopf.Body, logger: kopf.Logger) -> None:
     def event(kind: str, reason: str, message: str) -> None:
         (kopf.info if kind == "Normal" else kopf.warn)(body, reason=reason, message=message[:1000])
 
-    reconcile(dict(body), kube(), SETTINGS, event)
+    # Spec handlers, the resync timer and Job events may fire together for one CompiledModel; one
+    # reconcile at a time keeps an older view from overwriting a newer status.
+    with _lock_for(body.metadata.uid or ""):
+        fresh = kube().get_compiled_model(body.metadata.namespace or "default", body.metadata.name or "")
+        if fresh is None or fresh["metadata"].get("uid") != body.metadata.uid:
+            return  # deleted meanwhile: its Jobs go with it (ownerReferences)
+        reconcile(fresh, kube(), SETTINGS, event)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

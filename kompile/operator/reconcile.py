@@ -176,6 +176,8 @@ def _target(
         pods = kube.job_pods(namespace, job["metadata"]["name"])
         ts, _digest = from_job(rt, job, pods, stored[0] if stored else None)
         ts.cache_key = key
+        if ts.node is None and prev is not None:
+            ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier
         if ts.phase in TERMINAL:
             metrics.JOBS.labels(outcome=ts.phase).inc()
             if ts.compile_seconds is not None:
