@@ -1,7 +1,5 @@
 # Fresh machine: `make demo` (embedded pipeline on an example) and `make test` (every test).
 SHELL := /bin/bash
-VENV = $(shell scripts/setup-venv.sh | tail -n 1)
-PY = $(VENV)/bin/python
 EXAMPLE ?= examples/resnet50.yaml
 
 .PHONY: demo test lint unit control-plane dev-cluster crds mlflow-ui

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kompile.api.resource import CompiledModel
 from kompile.api.status import CompiledModelStatus, RegistryStatus, TargetStatus
@@ -71,6 +73,35 @@ def _version_tags(cm: CompiledModel, t: TargetStatus, digest: str | None) -> dic
     return {k: v for k, v in tags.items() if v}
 
 
+def _client(tracking_uri: str) -> Any:
+    from mlflow import MlflowClient
+
+    # MLflow's own INFO lines (database migrations) would interleave with our progress display.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def source_lineage(client: Any, uri: str) -> dict[str, str]:
+    """When the source is itself an MLflow model version, the run and version it came from."""
+    from mlflow.exceptions import MlflowException
+
+    out = {"mlflow.source.uri": uri} if uri.startswith(("models:/", "runs:/")) else {}
+    match = re.fullmatch(r"models:/([^/@]+)/(\d+)", uri)
+    if match:
+        try:
+            mv = client.get_model_version(match.group(1), match.group(2))
+        except MlflowException:
+            return out
+        out |= {
+            "kompile.source_model": match.group(1),
+            "kompile.source_version": str(mv.version),
+            "kompile.source_run_id": mv.run_id or "",
+        }
+    elif uri.startswith("runs:/"):
+        out["kompile.source_run_id"] = uri.removeprefix("runs:/").split("/")[0]
+    return {k: v for k, v in out.items() if v}
+
+
 def record(
     cm: CompiledModel,
     status: CompiledModelStatus,
@@ -78,16 +109,14 @@ def record(
     tracking_uri: str,
     lineage: Mapping[str, str] | None = None,
     artifact_location: str | None = None,
+    alias_validated: bool = True,
 ) -> RegistryStatus:
-    """Log runs and register versions; set each validated target's alias. Returns what was written."""
-    import mlflow
-    from mlflow import MlflowClient
+    """A parent run, a child run per target, a model version per built artifact. With
+    alias_validated, each validated target's alias points at its version (`kompile run`); the
+    operator instead moves per-class aliases itself once the rollout is Ready (`set_alias`)."""
     from mlflow.exceptions import MlflowException
 
-    # MLflow's own INFO lines (database migrations) would interleave with our progress display.
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    mlflow.set_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = _client(tracking_uri)
     name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
     experiment = f"kompile/{cm.metadata.namespace or 'local'}/{cm.metadata.name}"
     exp = client.get_experiment_by_name(experiment)
@@ -97,6 +126,7 @@ def record(
         if exp
         else client.create_experiment(experiment, artifact_location=artifact_location)
     )
+    lineage = {**source_lineage(client, cm.spec.source.uri), **(lineage or {})}
     parent_tags = {
         "kompile.name": cm.metadata.name,
         "kompile.namespace": cm.metadata.namespace or "",
@@ -104,51 +134,80 @@ def record(
         "kompile.generation": str(cm.metadata.generation or ""),
         "kompile.source_uri": cm.spec.source.uri,
         "kompile.source_digest": status.source_digest or "",
-        **(lineage or {}),
+        **lineage,
     }
     try:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, tags={"kompile.compiledmodel": cm.metadata.name})
-    with mlflow.start_run(experiment_id=exp_id, run_name=f"{cm.metadata.name}", tags=parent_tags) as parent:
-        mlflow.log_dict(status.to_wire(), "status.json")
+    parent = client.create_run(
+        exp_id, run_name=cm.metadata.name, tags={k: v for k, v in parent_tags.items() if v}
+    )
+    try:
         for rec in records:
-            _record_target(client, cm, name, exp_id, parent.info.run_id, rec, status.source_digest, lineage)
+            _record_target(
+                client,
+                cm,
+                name,
+                exp_id,
+                parent.info.run_id,
+                rec,
+                status.source_digest,
+                lineage,
+                alias_validated,
+            )
+        client.log_dict(parent.info.run_id, status.to_wire(), "status.json")
+    finally:
+        client.set_terminated(parent.info.run_id)
     return RegistryStatus(tracking_uri=tracking_uri, model_name=name, run_id=parent.info.run_id)
 
 
 def _record_target(
-    client: object,
+    client: Any,
     cm: CompiledModel,
     name: str,
     exp_id: str,
     parent_id: str,
     rec: TargetRecord,
     digest: str | None,
-    lineage: Mapping[str, str] | None,
+    lineage: Mapping[str, str],
+    alias_validated: bool,
 ) -> None:
-    import mlflow
-    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
 
-    assert isinstance(client, MlflowClient)
     t = rec.status
     tags = {"mlflow.parentRunId": parent_id, **_version_tags(cm, t, digest)}
-    with mlflow.start_run(experiment_id=exp_id, run_name=t.name, nested=True, tags=tags) as run:
-        mlflow.log_params(dict(rec.params))
-        mlflow.log_metrics(_metrics(t))
-        mlflow.log_text(json.dumps(t.to_wire(), indent=2), "result.json")
+    run = client.create_run(exp_id, run_name=t.name, tags=tags)
+    run_id = run.info.run_id
+    now = int(time.time() * 1000)
+    try:
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, now, 0) for k, v in _metrics(t).items()],
+            params=[Param(k, str(v)[:6000]) for k, v in rec.params.items()],
+        )
+        client.log_text(run_id, json.dumps(t.to_wire(), indent=2), "result.json")
         if rec.model_dir is not None:
-            mlflow.log_artifacts(str(rec.model_dir), artifact_path=f"model/{rec.model_dir.name}")
+            client.log_artifacts(run_id, str(rec.model_dir), artifact_path=f"model/{rec.model_dir.name}")
+    finally:
+        client.set_terminated(run_id)
     if t.artifact is None:
         return  # nothing was built: a failed compile has no version to register
-    source = f"runs:/{run.info.run_id}/model"
+    # The version's source is the artifact itself where it lives in a store the server can reach
+    # (s3://); a local run's artifacts were logged to the run instead.
+    source = f"runs:/{run_id}/model" if rec.model_dir is not None else t.artifact.uri
     version = client.create_model_version(
         name,
         source=source,
-        run_id=run.info.run_id,
-        tags={**_version_tags(cm, t, digest), **(lineage or {}), "kompile.artifact_uri": t.artifact.uri},
+        run_id=run_id,
+        tags={**_version_tags(cm, t, digest), **lineage, "kompile.artifact_uri": t.artifact.uri},
         description=f"{t.backend} {t.precision} for {t.hardware_class or t.name}",
     )
     t.registered_version = str(version.version)
-    if t.validation is not None and t.validation.passed:
+    if alias_validated and t.validation is not None and t.validation.passed:
         client.set_registered_model_alias(name, alias_for(t.name), version.version)
+
+
+def set_alias(tracking_uri: str, model_name: str, alias: str, version: str) -> None:
+    """Point alias at version (the operator calls this only for a validated, Ready rollout)."""
+    _client(tracking_uri).set_registered_model_alias(model_name, alias_for(alias), version)

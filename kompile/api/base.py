@@ -19,6 +19,8 @@ class ApiModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
+        # No lax coercion ("yes" -> True, "20" -> 20): the API server would refuse those too.
+        strict=True,
         validate_assignment=True,
     )
 

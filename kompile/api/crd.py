@@ -124,6 +124,16 @@ def build_crd() -> dict[str, Any]:
                             "class of a fleet, validates and benchmarks each artifact, registers it "
                             "and rolls the validated winner out.",
                             "required": ["spec"],
+                            # Custom resources only need DNS-subdomain names; Jobs and
+                            # InferenceServices derive theirs from this one, so hold it to a label.
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": "size(self.metadata.name) <= 63 && "
+                                    "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+                                    "message": "metadata.name must be a DNS label: at most 63 lowercase "
+                                    "letters, digits and '-'",
+                                }
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "kompile.dev/v1alpha1"},
                                 "kind": {"type": "string", "description": "CompiledModel"},

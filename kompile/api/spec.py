@@ -23,7 +23,8 @@ TaskKind = Literal["auto", "classification", "none"]
 DeploymentMode = Literal["Serverless", "RawDeployment", "Standard"]
 
 # A source URI: a local path, file://, s3://, models:/ or runs:/ (MLflow), or python://module:factory.
-SOURCE_URI_PATTERN = r"^(s3://|file://|models:/|runs:/|python://|/|\./|\.\./|[A-Za-z0-9_.-])"
+# A relative path may not hold a colon, so an unsupported scheme (https://) is refused.
+SOURCE_URI_PATTERN = r"^(s3://|file://|models:/|runs:/|python://|/|\./|\.\./|[A-Za-z0-9_.-][^:]*$)"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX = 63
 
@@ -64,6 +65,14 @@ class Source(ApiModel):
 
 class DynamicDim(ApiModel):
     """A dimension whose size varies at run time, with the range a compiler must support."""
+
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule("self.min <= self.opt && self.opt <= self.max", "need min <= opt <= max")
+            ]
+        }
+    }
 
     axis: int = Field(description="Index of the dynamic dimension in the input's shape.", ge=0, le=15)
     name: str = Field(

@@ -237,6 +237,16 @@ def test_new_generation_replaces_jobs_and_suspend_pauses(fleet: dict[str, Any]) 
     assert obj["status"]["observedGeneration"] == 3
 
 
+def test_argocd_health_on_documents_the_operator_wrote(fleet: dict[str, Any]) -> None:
+    from tests.unit.test_health_lua import health
+
+    assert health(get(fleet, "small"))[0] == "Healthy"
+    status, message = health(get(fleet, "flaky"))
+    assert status == "Degraded" and "gpu-nvidia-l4-sm89-fp32" in message
+    fresh = manifest("fresh")
+    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, fresh)
+    assert health(get(fleet, "fresh"))[0] == "Progressing"
+
 def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) -> None:
     fleet["core"].create_node(
         kwok_node(
@@ -257,3 +267,4 @@ def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) ->
     )
     new = next(t for t in obj["status"]["targets"] if t["hardwareClass"] == "gpu-nvidia-a10-sm86")
     assert new["phase"] == "Succeeded" and new["node"] == "a10-0"
+
