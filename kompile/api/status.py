@@ -150,6 +150,7 @@ class RegistryStatus(ApiModel):
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI used.")
     model_name: str | None = Field(default=None, description="Registered model name.")
     run_id: str | None = Field(default=None, description="MLflow parent run id.")
+    aliases_set: bool = Field(default=False, description="Per-class aliases were moved for this generation.")
 
 
 RolloutPhase = Literal[

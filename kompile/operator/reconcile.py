@@ -23,6 +23,7 @@ from kompile.operator import metrics
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import LABEL_GENERATION, LABEL_TARGET, LABEL_UID, build_job
 from kompile.operator.kube import Kube
+from kompile.operator.lineage import move_alias, register_generation
 from kompile.operator.results import from_job
 from kompile.operator.settings import Settings
 from kompile.operator.targets import ResolvedTarget, resolve_targets
@@ -137,6 +138,10 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
             "fleet discovery found no hardware class and no target is listed",
             generation,
         )
+    if resolved and all(t.phase in TERMINAL for t in targets):
+        register_generation(cm, status, settings, event)
+        if not (cm.spec.rollout and cm.spec.rollout.enabled):
+            _alias_winners(cm, status, settings, event, resolved)
     ready = next(c for c in status.conditions if c.type == "Ready")
     if (
         ready.status != before
@@ -231,3 +236,29 @@ def _target(
 
 def _digest_ok(cm: CompiledModel, digest: str | None) -> bool:
     return cm.spec.source.digest is None or digest == cm.spec.source.digest
+
+
+def _alias_winners(
+    cm: CompiledModel,
+    status: CompiledModelStatus,
+    settings: Settings,
+    event: EventFn,
+    resolved: list[ResolvedTarget],
+) -> None:
+    """Without a rollout, each class's alias points at its fastest validated version, set once."""
+    if status.registry is None or status.registry.aliases_set:
+        return
+    for cls in sorted({r.hardware_class for r in resolved}):
+        valid = [
+            t
+            for t in status.targets
+            if t.hardware_class == cls
+            and t.phase == "Succeeded"
+            and t.validation
+            and t.validation.passed
+            and t.latency
+            and t.registered_version
+        ]
+        if valid:
+            move_alias(cm, status, settings, cls, min(valid, key=lambda t: t.latency[0].p50_ms), event)
+    status.registry.aliases_set = True

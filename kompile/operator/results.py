@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kompile.api.result import parse_compact
-from kompile.api.status import TargetStatus
+from kompile.api.status import TargetPhase, TargetStatus
 from kompile.operator.targets import ResolvedTarget
 
 MESSAGE_TAIL = 1000
@@ -69,7 +69,7 @@ def from_job(
     node = node_of(pods)
     base = _base(rt, name, node)
     if state == "Running":
-        phase = "Running" if node else "Pending"
+        phase: TargetPhase = "Running" if node else "Pending"
         return TargetStatus(
             **base, phase=phase, message="compile Job running" if node else "waiting for a node"
         ), None

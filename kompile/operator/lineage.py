@@ -1,0 +1,88 @@
+"""MLflow lineage from the operator: once every target of a generation has settled, one parent run
+for the generation, a child run and a model version per built target (source: the artifact in the
+store), and per hardware class an alias on the validated winner, moved only once it serves (or at
+once when no rollout is asked for). Failures here are reported and retried, never fatal."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kompile.api.resource import CompiledModel
+from kompile.api.status import CompiledModelStatus, TargetStatus
+from kompile.operator.settings import Settings
+
+log = logging.getLogger("kompile.operator")
+
+EventFn = Callable[[str, str, str], None]
+
+
+def tracking_uri(cm: CompiledModel, settings: Settings) -> str | None:
+    return (cm.spec.registry.tracking_uri if cm.spec.registry else None) or settings.tracking_uri
+
+
+def _params(t: TargetStatus, settings: Settings) -> dict[str, str]:
+    return {
+        "backend": t.backend,
+        "backend_version": settings.backend_versions.get(t.backend, "unknown"),
+        "precision": t.precision,
+        "hardware_class": t.hardware_class or "",
+        "cached": str(t.cached).lower(),
+        "cache_key": t.cache_key or "",
+    }
+
+
+def register_generation(
+    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, event: EventFn
+) -> None:
+    """Record the settled generation in MLflow, once (status.registry.runId marks it done)."""
+    uri = tracking_uri(cm, settings)
+    if uri is None or (status.registry is not None and status.registry.run_id):
+        return
+    from mlflow.exceptions import MlflowException
+
+    from kompile.registry import TargetRecord, record
+
+    records = [TargetRecord(t, None, _params(t, settings)) for t in status.targets if t.phase != "Skipped"]
+    try:
+        status.registry = record(cm, status, records, uri, alias_validated=False)
+    except (MlflowException, OSError) as err:
+        # Retried at the next reconcile: status.registry stays empty until it succeeds.
+        event("Warning", "RegistryFailed", f"MLflow at {uri}: {type(err).__name__}: {str(err)[:300]}")
+        return
+    versions = ", ".join(f"{t.name}=v{t.registered_version}" for t in status.targets if t.registered_version)
+    event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions or 'no version'}")
+
+
+def move_alias(
+    cm: CompiledModel,
+    status: CompiledModelStatus,
+    settings: Settings,
+    hardware_class: str,
+    target: TargetStatus,
+    event: EventFn,
+) -> None:
+    """Point the class's alias at the target's version; only called for a validated target that serves."""
+    uri = tracking_uri(cm, settings)
+    if (
+        uri is None
+        or status.registry is None
+        or not status.registry.model_name
+        or not target.registered_version
+    ):
+        return
+    assert target.validation is not None and target.validation.passed
+    from mlflow.exceptions import MlflowException
+
+    from kompile.registry import set_alias
+
+    try:
+        set_alias(uri, status.registry.model_name, hardware_class, target.registered_version)
+    except (MlflowException, OSError) as err:
+        event("Warning", "AliasFailed", f"alias {hardware_class}: {type(err).__name__}: {str(err)[:300]}")
+        return
+    event(
+        "Normal",
+        "AliasMoved",
+        f"alias {hardware_class} -> version {target.registered_version} ({target.name})",
+    )
