@@ -1,18 +1,22 @@
-"""The artifact store: a local folder (file://) or an S3 bucket (s3://), behind four verbs.
+"""The artifact store: a local folder (file://) or an S3 bucket (s3://), behind three verbs.
 
 Shared by compile Jobs (which upload) and the operator (which reads results and cache entries), so
 it depends on nothing heavy: boto3 is imported only when an s3:// URI is used. Credentials come from
-the environment (AWS_ACCESS_KEY_ID, ... filled from a Secret); they are never logged or returned.
+a Secret's data passed in, or from the environment; they are never logged or put in a message.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+Credentials = Mapping[str, str]
+"""AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN / AWS_REGION as a Secret holds them."""
 
 
 class StoreError(RuntimeError):
@@ -33,71 +37,106 @@ class S3Location:
     bucket: str
     key: str
 
+    def child(self, rel: str) -> str:
+        # No leading slash on a key at the bucket's root: AWS would keep it as part of the name.
+        return f"{self.key.rstrip('/')}/{rel}" if self.key.strip("/") else rel
+
 
 def _s3(uri: str) -> S3Location:
     parsed = urlparse(uri)
     return S3Location(parsed.netloc, parsed.path.lstrip("/"))
 
 
-def _client(endpoint: str | None) -> Any:
+def _client(endpoint: str | None, credentials: Credentials | None = None) -> Any:
     import boto3
 
     endpoint = endpoint or os.environ.get("KOMPILE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
-    return boto3.client("s3", endpoint_url=endpoint) if endpoint else boto3.client("s3")
+    kwargs: dict[str, Any] = {"endpoint_url": endpoint} if endpoint else {}
+    if credentials:
+        kwargs |= {
+            "aws_access_key_id": credentials.get("AWS_ACCESS_KEY_ID"),
+            "aws_secret_access_key": credentials.get("AWS_SECRET_ACCESS_KEY"),
+            "aws_session_token": credentials.get("AWS_SESSION_TOKEN"),
+            "region_name": credentials.get("AWS_REGION") or credentials.get("AWS_DEFAULT_REGION"),
+        }
+    # A fresh session per call: boto3's default session keeps the first credentials it ever read.
+    return boto3.session.Session().client("s3", **kwargs)
+
+
+def _s3_error(action: str, uri: str, err: Exception) -> StoreError:
+    from botocore.exceptions import ClientError
+
+    code = err.response.get("Error", {}).get("Code") if isinstance(err, ClientError) else None
+    return StoreError(f"{action} {uri} failed: {code or type(err).__name__}")
 
 
 def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")
 
 
-def put_tree(local_dir: Path, uri: str, endpoint: str | None = None) -> str:
-    """Copy a folder to uri (replacing nothing outside it). Returns uri."""
+def put_tree(
+    local_dir: Path, uri: str, endpoint: str | None = None, credentials: Credentials | None = None
+) -> str:
+    """Copy a folder's files under uri (nothing outside it is touched). Returns uri."""
+    if not local_dir.is_dir():
+        raise StoreError(f"upload to {uri} failed: {local_dir} is not a folder")
     if not is_s3(uri):
-        dest = _local(uri)
-        shutil.copytree(local_dir, dest, dirs_exist_ok=True)
+        try:
+            shutil.copytree(local_dir, _local(uri), dirs_exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"copy to {uri} failed: {err.strerror or type(err).__name__}") from None
         return uri
+    from boto3.exceptions import Boto3Error
     from botocore.exceptions import BotoCoreError, ClientError
 
     loc = _s3(uri)
-    client = _client(endpoint)
+    client = _client(endpoint, credentials)
     for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-        key = join(loc.key, str(path.relative_to(local_dir)))
+        key = loc.child(str(path.relative_to(local_dir)))
         try:
             client.upload_file(str(path), loc.bucket, key)
-        except (BotoCoreError, ClientError) as err:
-            raise StoreError(f"upload to s3://{loc.bucket}/{key} failed: {type(err).__name__}") from None
+        except (BotoCoreError, ClientError, Boto3Error) as err:
+            raise _s3_error("upload to", f"s3://{loc.bucket}/{key}", err) from None
     return uri
 
 
-def read_bytes(uri: str, endpoint: str | None = None) -> bytes | None:
+def read_bytes(uri: str, endpoint: str | None = None, credentials: Credentials | None = None) -> bytes | None:
     """The object's bytes, or None when it does not exist."""
     if not is_s3(uri):
         path = _local(uri)
-        return path.read_bytes() if path.is_file() else None
+        try:
+            return path.read_bytes() if path.is_file() else None
+        except OSError as err:
+            raise StoreError(f"read of {uri} failed: {err.strerror or type(err).__name__}") from None
     from botocore.exceptions import BotoCoreError, ClientError
 
     loc = _s3(uri)
     try:
-        body: bytes = _client(endpoint).get_object(Bucket=loc.bucket, Key=loc.key)["Body"].read()
+        body: bytes = _client(endpoint, credentials).get_object(Bucket=loc.bucket, Key=loc.key)["Body"].read()
         return body
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None
-        raise StoreError(f"read of {uri} failed: {err.response.get('Error', {}).get('Code')}") from None
+        raise _s3_error("read of", uri, err) from None
     except BotoCoreError as err:
-        raise StoreError(f"read of {uri} failed: {type(err).__name__}") from None
+        raise _s3_error("read of", uri, err) from None
 
 
-def write_bytes(uri: str, data: bytes, endpoint: str | None = None) -> None:
+def write_bytes(
+    uri: str, data: bytes, endpoint: str | None = None, credentials: Credentials | None = None
+) -> None:
     if not is_s3(uri):
         path = _local(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        except OSError as err:
+            raise StoreError(f"write of {uri} failed: {err.strerror or type(err).__name__}") from None
         return
     from botocore.exceptions import BotoCoreError, ClientError
 
     loc = _s3(uri)
     try:
-        _client(endpoint).put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
+        _client(endpoint, credentials).put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
     except (BotoCoreError, ClientError) as err:
-        raise StoreError(f"write of {uri} failed: {type(err).__name__}") from None
+        raise _s3_error("write of", uri, err) from None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from collections.abc import Callable
 from typing import Any
 
 from kompile.api.status import TargetStatus

@@ -6,6 +6,7 @@ loop never blocks on these calls.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from kubernetes import client, config
@@ -69,6 +70,11 @@ class Kube:
             namespace, label_selector=f"{JOB_NAME_LABEL}={job}", _request_timeout=REQUEST_TIMEOUT
         ).items
         return [self.api.sanitize_for_serialization(p) for p in items]
+
+    def secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's decoded data (store credentials); the values never leave the operator's memory."""
+        secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=REQUEST_TIMEOUT)
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
     def get_compiled_model(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

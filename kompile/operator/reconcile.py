@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from kompile.api.cache import artifact_prefix, cache_key
@@ -54,10 +55,37 @@ def source_fingerprint(cm: CompiledModel) -> str:
     return cm.spec.source.digest or f"uri:{cm.spec.source.uri}"
 
 
-def read_stored_result(prefix: str, endpoint: str | None) -> tuple[TargetStatus, str | None] | None:
+@dataclass(frozen=True)
+class StoreAccess:
+    """How the operator reaches a CompiledModel's artifact store."""
+
+    endpoint: str | None
+    credentials: Mapping[str, str] | None
+
+
+def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: EventFn) -> StoreAccess:
+    """Endpoint from the spec or settings; credentials from the Secret the spec names, else the
+    operator's own environment (boto3's default chain)."""
+    registry = cm.spec.registry
+    endpoint = (registry.s3_endpoint if registry else None) or settings.s3_endpoint
+    secret = (
+        registry.credentials_secret.name
+        if registry and registry.credentials_secret
+        else settings.store_secret
+    )
+    if not secret:
+        return StoreAccess(endpoint, None)
+    try:
+        return StoreAccess(endpoint, kube.secret_data(cm.metadata.namespace or "default", secret))
+    except ApiException as err:
+        event("Warning", "CredentialsUnavailable", f"Secret {secret}: {err.status} {err.reason}")
+        return StoreAccess(endpoint, None)
+
+
+def read_stored_result(prefix: str, store: StoreAccess) -> tuple[TargetStatus, str | None] | None:
     """result.json at a cache prefix, or None when absent or unreadable as one."""
     try:
-        data = read_bytes(join(prefix, "result.json"), endpoint)
+        data = read_bytes(join(prefix, "result.json"), store.endpoint, store.credentials)
     except StoreError as err:
         log.warning("cache lookup failed: %s", err)
         return None
@@ -118,14 +146,14 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
 
     classes = discover(kube.list_nodes())
     resolved = resolve_targets(cm.spec, classes, settings.runtime_class_gpu)
-    endpoint = (cm.spec.registry.s3_endpoint if cm.spec.registry else None) or settings.s3_endpoint
+    store = store_access(cm, kube, settings, event)
     targets: list[TargetStatus] = []
     for rt in resolved:
         prev = old.get(rt.name)
         if prev is not None and prev.phase in TERMINAL:
             targets.append(prev)
             continue
-        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, endpoint, event))
+        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event))
     status.targets = targets
     before = next((c.status for c in status.conditions if c.type == "Ready"), None)
     summarize(status, generation)
@@ -160,7 +188,7 @@ def _target(
     prev: TargetStatus | None,
     kube: Kube,
     settings: Settings,
-    endpoint: str | None,
+    store: StoreAccess,
     event: EventFn,
 ) -> TargetStatus:
     namespace = cm.metadata.namespace or "default"
@@ -177,7 +205,7 @@ def _target(
     )
     prefix = artifact_prefix(store_root(cm, settings), key)
     if job is not None:
-        stored = read_stored_result(prefix, endpoint)
+        stored = read_stored_result(prefix, store)
         pods = kube.job_pods(namespace, job["metadata"]["name"])
         ts, _digest = from_job(rt, job, pods, stored[0] if stored else None)
         ts.cache_key = key
@@ -196,7 +224,7 @@ def _target(
             kind = "Normal" if ts.phase == "Succeeded" else "Warning"
             event(kind, ts.reason or ts.phase, f"target {rt.name}: {ts.message or ts.phase}")
         return ts
-    cached = read_stored_result(prefix, endpoint)
+    cached = read_stored_result(prefix, store)
     if cached and cached[0].validation and cached[0].validation.passed and _digest_ok(cm, cached[1]):
         ts = cached[0].model_copy(
             update={

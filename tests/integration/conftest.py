@@ -13,8 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client, config
 
 from kompile.devcluster import ControlPlane, find_bin_dir
+from tests.integration.fleet import FLEET, LOCAL_LABELS, LOCAL_NODE, kwok_node
+from tests.integration.kubelet_standin import KubeletStandIn
 from tests.integration.kwok_stages import write_stages
 
 HERE = Path(__file__).resolve().parent
@@ -67,3 +70,26 @@ def _finish(request: pytest.FixtureRequest, work_dir: Path, plane: ControlPlane)
         _report(request.config, f"\ncontrol plane logs kept in {plane.log_dir}")
     else:
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sim_fleet(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeletStandIn]:
+    """The simulated fleet (KWOK nodes of several hardware classes) and the one node whose pods the
+    kubelet stand-in runs as local processes. Nodes are cluster-wide: one fleet per session."""
+    api = config.new_client_from_config(str(control_plane.kubeconfig))
+    core = client.CoreV1Api(api)
+    for name, labels in FLEET.items():
+        core.create_node(kwok_node(name, labels))
+    kubelet = KubeletStandIn(
+        control_plane.kubeconfig,
+        LOCAL_NODE,
+        LOCAL_LABELS,
+        tmp_path_factory.mktemp("kubelet"),
+        HERE.parent.parent / "examples",
+    ).start()
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()

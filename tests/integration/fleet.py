@@ -21,7 +21,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from kompile.api.result import compact_result
-from kompile.api.status import LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
+from kompile.api.status import Artifact, LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
 from tests.integration.kwok_stages import EXIT_CODE, MESSAGE
 
 KWOK_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
@@ -73,10 +73,18 @@ def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def success_result(target: str, backend: str, precision: str, p50: float = 1.0, eager: float = 4.0) -> str:
+def success_result(
+    target: str,
+    backend: str,
+    precision: str,
+    p50: float = 1.0,
+    eager: float = 4.0,
+    artifact_uri: str | None = None,
+) -> str:
     """What a compile on real hardware would hand back for a validated artifact."""
     ts = TargetStatus(
         name=target,
+        artifact=Artifact(uri=artifact_uri, digest="sha256:" + "0" * 64) if artifact_uri else None,
         backend=backend,
         precision=precision,
         phase="Succeeded",
@@ -153,8 +161,16 @@ def free_port() -> int:
 class OperatorProcess:
     """`kompile operator` as a real process against the test control plane."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, store: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        store: str,
+        log_path: Path,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.env = {
+            **(extra_env or {}),
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
             "KOMPILE_NAMESPACES": namespace,

@@ -18,8 +18,6 @@ from kompile.artifact_store import join, write_bytes
 from kompile.devcluster import ControlPlane
 from tests.integration.fleet import (
     CLASSES,
-    FLEET,
-    LOCAL_LABELS,
     LOCAL_NODE,
     KwokReporter,
     OperatorProcess,
@@ -44,23 +42,23 @@ def decide(pod: dict[str, Any]) -> tuple[int, str]:
         return 1, "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: out of memory"
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
     t = json.loads(env["KOMPILE_TARGET"])
-    compact = success_result(t["name"], t["backend"], t.get("precision", "fp32"))
+    compact = success_result(
+        t["name"], t["backend"], t.get("precision", "fp32"), artifact_uri=env["KOMPILE_ARTIFACT_PREFIX"]
+    )
     # As a real compile container would, publish result.json at the content address (the cache).
     write_bytes(join(env["KOMPILE_ARTIFACT_PREFIX"], "result.json"), compact.encode())
     return 0, compact
 
 
 @pytest.fixture(scope="module")
-def fleet(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def fleet(
+    control_plane: ControlPlane, sim_fleet: KubeletStandIn, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("fleet")
     api = config.new_client_from_config(str(control_plane.kubeconfig))
     core, custom, batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
     core.create_namespace({"metadata": {"name": NS}})
-    for name, labels in FLEET.items():
-        core.create_node(kwok_node(name, labels))
-    kubelet = KubeletStandIn(
-        control_plane.kubeconfig, LOCAL_NODE, LOCAL_LABELS, work / "kubelet", ROOT / "examples"
-    ).start()
+    kubelet = sim_fleet
     reporter = KwokReporter(control_plane.kubeconfig, NS, decide).start()
     store = (work / "store").as_uri()
     op = OperatorProcess(control_plane.kubeconfig, NS, store, work / "operator.log").start()
@@ -78,7 +76,6 @@ def fleet(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     finally:
         op.stop()
         reporter.stop()
-        kubelet.stop()
         print(f"\noperator log: {work / 'operator.log'}\ntimings: {json.dumps(TIMINGS)}")
 
 
@@ -247,6 +244,7 @@ def test_argocd_health_on_documents_the_operator_wrote(fleet: dict[str, Any]) ->
     fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, fresh)
     assert health(get(fleet, "fresh"))[0] == "Progressing"
 
+
 def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) -> None:
     fleet["core"].create_node(
         kwok_node(
@@ -267,4 +265,3 @@ def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) ->
     )
     new = next(t for t in obj["status"]["targets"] if t["hardwareClass"] == "gpu-nvidia-a10-sm86")
     assert new["phase"] == "Succeeded" and new["node"] == "a10-0"
-

@@ -1,0 +1,301 @@
+"""kompile.artifact_store against a real S3 server (versitygw on loopback) and local folders, and the
+MLflow server's use of that S3 server: run artifacts proxied into the bucket, and model versions whose
+source is an s3:// artifact (what the operator registers).
+
+Needs no control plane. The servers come from tests/support/fixtures.py (registered in the root
+tests/conftest.py, or with `-p tests.support.fixtures`).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kompile.artifact_store import StoreError, join, put_tree, read_bytes, write_bytes
+from tests.support.servers import MlflowServer, S3Server
+
+STORE_BUCKET = "kompile-artifacts"
+MULTIPART_BYTES = 9 * 1024 * 1024  # above boto3's 8 MiB multipart threshold: a model file's real path
+
+
+def _unique() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(params=["s3", "file"])
+def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty root URI: a prefix in a bucket of the real S3 server, or a file:// folder."""
+    if request.param == "file":
+        return (tmp_path / "store").as_uri()
+    server: S3Server = request.getfixturevalue("s3_server")
+    request.getfixturevalue("s3_env")  # the store reads endpoint and keys from the environment
+    server.create_bucket(STORE_BUCKET)
+    return f"s3://{STORE_BUCKET}/tests/{_unique()}"
+
+
+@pytest.fixture
+def model_tree(tmp_path: Path) -> dict[str, bytes]:
+    """A Triton-style model repository on disk; maps each file's relative path to its bytes."""
+    files = {
+        "resnet/config.pbtxt": b'name: "resnet"\nplatform: "onnxruntime_onnx"\n',
+        "resnet/1/model.onnx": os.urandom(MULTIPART_BYTES),
+        "resnet/1/deep/er/weights.bin": bytes(range(256)),
+        "result.json": b'{"passed": true}',
+    }
+    for rel, data in files.items():
+        path = tmp_path / "tree" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
+def _tree_dir(tmp_path: Path) -> Path:
+    return tmp_path / "tree"
+
+
+def _listing(root: str, s3: S3Server | None) -> dict[str, bytes]:
+    """Every object under root (relative key -> bytes), read around the store under test."""
+    if s3 is None:
+        base = Path(root.removeprefix("file://"))
+        return {str(p.relative_to(base)): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+    bucket, _, prefix = root.removeprefix("s3://").partition("/")
+    client = s3.client()
+    found: dict[str, bytes] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
+        for obj in page.get("Contents", []):
+            body = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+            found[obj["Key"].removeprefix(f"{prefix}/")] = body
+    return found
+
+
+def _server_of(request: pytest.FixtureRequest, root: str) -> S3Server | None:
+    return request.getfixturevalue("s3_server") if root.startswith("s3://") else None
+
+
+def test_put_tree_round_trip(
+    request: pytest.FixtureRequest, store_root: str, model_tree: dict[str, bytes], tmp_path: Path
+) -> None:
+    uri = join(store_root, "cm", "sha256-0123abcd")
+    assert put_tree(_tree_dir(tmp_path), uri) == uri
+    for rel, data in model_tree.items():
+        assert read_bytes(join(uri, rel)) == data, rel
+    # Exactly the tree's files, at the same relative paths: nothing more, nothing renamed.
+    assert _listing(uri, _server_of(request, store_root)) == model_tree
+
+
+def test_put_tree_again_replaces_nothing_beside_it(
+    request: pytest.FixtureRequest, store_root: str, model_tree: dict[str, bytes], tmp_path: Path
+) -> None:
+    neighbour = join(store_root, "cm", "other", "keep.txt")
+    write_bytes(neighbour, b"keep")
+    uri = join(store_root, "cm", "sha256-0123abcd")
+    put_tree(_tree_dir(tmp_path), uri)
+    put_tree(_tree_dir(tmp_path), uri)  # a retried upload of the same content is harmless
+    assert read_bytes(neighbour) == b"keep"
+    expected = {**{f"sha256-0123abcd/{rel}": d for rel, d in model_tree.items()}, "other/keep.txt": b"keep"}
+    assert _listing(join(store_root, "cm"), _server_of(request, store_root)) == expected
+
+
+def test_write_bytes_round_trip(store_root: str) -> None:
+    uri = join(store_root, "results", "target-cpu.json")
+    write_bytes(uri, b'{"p50_ms": 4.2}')
+    assert read_bytes(uri) == b'{"p50_ms": 4.2}'
+    write_bytes(uri, b'{"p50_ms": 3.9}')  # an overwrite is seen at once
+    assert read_bytes(uri) == b'{"p50_ms": 3.9}'
+    empty = join(store_root, "results", "empty")
+    write_bytes(empty, b"")
+    assert read_bytes(empty) == b""  # an empty object exists: it is not read as missing
+
+
+def test_missing_key_reads_as_none(store_root: str) -> None:
+    assert read_bytes(join(store_root, "absent.json")) is None
+    write_bytes(join(store_root, "a", "b", "c.json"), b"{}")
+    # A prefix of existing keys (a folder, in a file store) is no object either.
+    assert read_bytes(join(store_root, "a", "b")) is None
+    assert read_bytes(join(store_root, "a", "b", "c.json", "d")) is None
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_missing_bucket_is_an_error_not_a_missing_key(s3_server: S3Server) -> None:
+    uri = f"s3://no-such-bucket-{_unique()}/result.json"
+    with pytest.raises(StoreError, match="NoSuchBucket") as caught:
+        read_bytes(uri)
+    assert uri in str(caught.value)
+
+
+def _operations(tmp_path: Path) -> dict[str, Callable[[str], object]]:
+    tree = tmp_path / "upload"
+    tree.mkdir()
+    (tree / "model.onnx").write_bytes(b"onnx")
+    return {
+        "read_bytes": read_bytes,
+        "write_bytes": lambda uri: write_bytes(uri, b"data"),
+        "put_tree": lambda uri: put_tree(tree, uri),
+    }
+
+
+@pytest.mark.parametrize("operation", ["read_bytes", "write_bytes", "put_tree"])
+@pytest.mark.parametrize("bad", ["secret key", "access key"])
+def test_bad_credential_raises_store_error_naming_uri_not_secret(
+    request: pytest.FixtureRequest,
+    s3_server: S3Server,
+    s3_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    operation: str,
+    bad: str,
+) -> None:
+    import boto3
+
+    s3_server.create_bucket(STORE_BUCKET)
+    uri = f"s3://{STORE_BUCKET}/creds/{_unique()}/model"
+    write_bytes(uri, b"present")  # with good keys: the failure below is the credential's alone
+    wrong_secret = f"wrong-{_unique()}-secret"
+    if bad == "secret key":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong_secret)
+    else:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", f"nobody{_unique()}")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # boto3 caches the first credentials it read
+
+    with pytest.raises(StoreError) as caught:
+        _operations(tmp_path)[operation](uri)
+    message = str(caught.value)
+    assert uri in message
+    # Neither the message nor what a logger would print of the exception holds a secret.
+    shown = "".join(traceback.format_exception(caught.value))
+    for secret in (s3_server.secret_key, wrong_secret):
+        assert secret not in message
+        assert secret not in shown
+
+
+def test_changed_credentials_in_environment_are_used(
+    s3_server: S3Server, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3_server.create_bucket(STORE_BUCKET)
+    uri = f"s3://{STORE_BUCKET}/creds/{_unique()}"
+    write_bytes(uri, b"with the right keys")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", f"wrong-{_unique()}")
+    with pytest.raises(StoreError):
+        write_bytes(uri, b"with a wrong secret")
+
+
+def test_put_tree_of_missing_folder_is_an_error(store_root: str, tmp_path: Path) -> None:
+    with pytest.raises(StoreError):
+        put_tree(tmp_path / "never-written", join(store_root, "x"))
+
+
+def test_local_write_error_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_bytes(b"")
+    with pytest.raises(StoreError):
+        write_bytes((tmp_path / "a-file" / "below-a-file").as_uri(), b"x")
+
+
+# --- MLflow against the same S3 server ------------------------------------------------------------
+
+
+def _mlflow_client(server: MlflowServer) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=server.tracking_uri)
+
+
+def _run(client: Any, name: str) -> str:
+    """A finished run in a fresh experiment; its id."""
+    exp_id = client.create_experiment(f"{name}-{_unique()}")
+    run_id: str = client.create_run(exp_id, run_name=name).info.run_id
+    client.set_terminated(run_id)
+    return run_id
+
+
+def test_mlflow_run_artifacts_land_in_the_s3_bucket(
+    mlflow_server: MlflowServer, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No S3 settings in this process: the client sends artifacts to the server, which writes to S3.
+    for key in s3_server.env():
+        monkeypatch.delenv(key, raising=False)
+    client = _mlflow_client(mlflow_server)
+    exp_id = client.create_experiment(f"artifacts-{_unique()}")
+    run = client.create_run(exp_id, run_name="cpu-x86")
+    run_id = run.info.run_id
+    (tmp_path / "model.onnx").write_bytes(b"onnx bytes")
+    client.log_artifact(run_id, str(tmp_path / "model.onnx"), artifact_path="model")
+    client.log_text(run_id, '{"passed": true}', "result.json")
+    client.set_terminated(run_id)
+
+    # The run's artifacts live under mlflow-artifacts:/<experiment>/<run>/artifacts, which the server
+    # maps onto its --artifacts-destination s3://<bucket>/mlflow.
+    assert run.info.artifact_uri == f"mlflow-artifacts:/{exp_id}/{run_id}/artifacts"
+    prefix = f"mlflow/{exp_id}/{run_id}/artifacts/"
+    s3 = s3_server.client()
+    listed = s3.list_objects_v2(Bucket=mlflow_server.bucket, Prefix=prefix).get("Contents", [])
+    assert sorted(obj["Key"] for obj in listed) == [f"{prefix}model/model.onnx", f"{prefix}result.json"]
+    body = s3.get_object(Bucket=mlflow_server.bucket, Key=f"{prefix}model/model.onnx")["Body"].read()
+    assert body == b"onnx bytes"
+    assert [f.path for f in client.list_artifacts(run_id, "model")] == ["model/model.onnx"]
+
+
+def test_model_version_with_s3_source(
+    mlflow_server: MlflowServer,
+    s3_server: S3Server,
+    s3_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mlflow
+
+    # The artifact the operator registers: uploaded by a compile Job, content-addressed, in S3.
+    s3_server.create_bucket(STORE_BUCKET)
+    tree = tmp_path / "artifact"
+    (tree / "resnet" / "1").mkdir(parents=True)
+    (tree / "resnet" / "config.pbtxt").write_bytes(b'name: "resnet"\n')
+    (tree / "resnet" / "1" / "model.onnx").write_bytes(b"onnx bytes")
+    source = put_tree(tree, f"s3://{STORE_BUCKET}/cm/{_unique()}/sha256-0123abcd")
+
+    client = _mlflow_client(mlflow_server)
+    run_id = _run(client, "cpu-x86")
+    name = f"resnet-{_unique()}"
+    client.create_registered_model(name)
+    tags = {"kompile.hardware_class": "cpu-x86", "kompile.artifact_uri": source}
+    version = client.create_model_version(
+        name, source=source, run_id=run_id, tags=tags, description="onnxruntime fp32 for cpu-x86"
+    )
+    assert (version.version, version.source, version.run_id, version.status) == ("1", source, run_id, "READY")
+    stored = client.get_model_version(name, version.version)
+    assert stored.tags == tags
+    assert client.get_model_version_download_uri(name, version.version) == source
+    client.set_registered_model_alias(name, "cpu-x86", version.version)
+    assert client.get_model_version_by_alias(name, "cpu-x86").version == version.version
+
+    # The version resolves to the artifact: a client with the S3 settings downloads it by model URI.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/1", dst_path=str(tmp_path / "dl")))
+    assert (local / "resnet" / "1" / "model.onnx").read_bytes() == b"onnx bytes"
+    assert (local / "resnet" / "config.pbtxt").read_bytes() == b'name: "resnet"\n'
+
+    # mlflow.register_model takes the same s3:// URI (it creates the registered model when missing).
+    assert mlflow.get_tracking_uri() == mlflow_server.tracking_uri
+    other = mlflow.register_model(source, f"{name}-fluent", tags={"via": "register_model"})
+    assert (other.version, other.source) == ("1", source)
+
+
+def test_mlflow_checks_an_s3_source_only_for_relative_parts(
+    mlflow_server: MlflowServer, s3_server: S3Server
+) -> None:
+    from mlflow.exceptions import MlflowException
+
+    client = _mlflow_client(mlflow_server)
+    name = f"rules-{_unique()}"
+    client.create_registered_model(name)
+    # The server neither reads nor checks the source: a bucket that does not exist is accepted, so
+    # the operator must upload the artifact before it registers the version.
+    missing = f"s3://no-such-bucket-{_unique()}/model"
+    assert client.create_model_version(name, source=missing).source == missing
+    # Relative parts are refused (path traversal guard), with or without a run.
+    with pytest.raises(MlflowException, match="INVALID_PARAMETER_VALUE"):
+        client.create_model_version(name, source=f"s3://{STORE_BUCKET}/cm/../other")

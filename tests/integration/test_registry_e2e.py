@@ -1,0 +1,181 @@
+"""Registry end to end: the operator on the real control plane, artifacts in a real S3 server
+(versitygw), lineage in a real MLflow server. One target compiles for real on the kubelet
+stand-in's node; a GPU target is reported by its KWOK pod (TEST STAND-IN for a GPU compile)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from mlflow import MlflowClient
+
+from kompile.artifact_store import join, write_bytes
+from kompile.devcluster import ControlPlane
+from tests.integration.fleet import KwokReporter, OperatorProcess, success_result, wait_for
+from tests.integration.kubelet_standin import KubeletStandIn
+from tests.support.servers import MlflowServer, S3Server
+
+NS = "kompile-e2e"
+BUCKET = "kompile-e2e"
+GROUP, VERSION, PLURAL = "kompile.dev", "v1alpha1", "compiledmodels"
+CPU_CLASS = "cpu-amd64-avx2"
+GPU_CLASS = "gpu-nvidia-l4-sm89"
+
+
+@pytest.fixture(scope="module")
+def e2e(
+    control_plane: ControlPlane,
+    sim_fleet: KubeletStandIn,
+    s3_server: S3Server,
+    mlflow_server: MlflowServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    work = tmp_path_factory.mktemp("e2e")
+    api = config.new_client_from_config(str(control_plane.kubeconfig))
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    core.create_namespace({"metadata": {"name": NS}})
+    s3_server.create_bucket(BUCKET)
+    creds = {
+        "AWS_ACCESS_KEY_ID": s3_server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+        "AWS_REGION": s3_server.region,
+    }
+    core.create_namespaced_secret(
+        NS,
+        {
+            "metadata": {"name": "s3-creds"},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()},
+        },
+    )
+
+    def decide(pod: dict[str, Any]) -> tuple[int, str]:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        t = json.loads(env["KOMPILE_TARGET"])
+        prefix = env["KOMPILE_ARTIFACT_PREFIX"]
+        compact = success_result(
+            t["name"], t["backend"], t.get("precision", "fp32"), p50=0.5, artifact_uri=prefix
+        )
+        write_bytes(
+            join(env["KOMPILE_ARTIFACT_PREFIX"], "result.json"), compact.encode(), s3_server.endpoint, creds
+        )
+        return 0, compact
+
+    reporter = KwokReporter(control_plane.kubeconfig, NS, decide).start()
+    # The operator gets no S3 keys of its own: it reads the Secret the CompiledModel names.
+    op = OperatorProcess(control_plane.kubeconfig, NS, "s3://unused/", work / "operator.log").start()
+    try:
+        yield {"core": core, "custom": custom, "s3": s3_server, "mlflow": mlflow_server, "op": op}
+    finally:
+        op.stop()
+        reporter.stop()
+        print(f"\ne2e operator log: {work / 'operator.log'}")
+
+
+def manifest(name: str, mlflow_uri: str, endpoint: str, targets: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "CompiledModel",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"uri": "python://models.small:small_cnn"},
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [-1, 3, 32, 32],
+                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
+                }
+            ],
+            "targets": targets,
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+            "validation": {"samples": 2},
+            "registry": {
+                "trackingUri": mlflow_uri,
+                "artifactStore": f"s3://{BUCKET}/store",
+                "s3Endpoint": endpoint,
+                "credentialsSecret": {"name": "s3-creds"},
+                "modelName": f"{name}-model",
+            },
+        },
+    }
+
+
+CPU = {
+    "name": "cpu",
+    "backend": "onnxruntime",
+    "precision": "fp32",
+    "hardware": {"nodeSelector": {"feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}},
+}
+CPU_STRICT = {
+    "name": "cpu-int8-strict",
+    "backend": "onnxruntime",
+    "precision": "int8",
+    "tolerances": {"minCosine": 1.0, "maxAbsError": 0.0},
+    "hardware": {"nodeSelector": {"feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}},
+}
+GPU = {
+    "name": "l4",
+    "backend": "tensorrt",
+    "precision": "fp16",
+    "hardware": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+}
+
+
+def settled(e2e: dict[str, Any], name: str) -> dict[str, Any] | None:
+    obj: dict[str, Any] = e2e["custom"].get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+    status = obj.get("status") or {}
+    done = status.get("targets") and all(t["phase"] in ("Succeeded", "Failed") for t in status["targets"])
+    return obj if done and (status.get("registry") or {}).get("runId") else None
+
+
+def test_artifacts_land_in_s3_and_lineage_in_mlflow(e2e: dict[str, Any]) -> None:
+    s3, mlflow = e2e["s3"], e2e["mlflow"]
+    doc = manifest("lineage", mlflow.tracking_uri, s3.endpoint, [CPU, CPU_STRICT, GPU])
+    e2e["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, doc)
+    obj = wait_for("targets settled and registered", lambda: settled(e2e, "lineage"), timeout=300)
+    status = obj["status"]
+    targets = {t["name"]: t for t in status["targets"]}
+    assert targets["cpu"]["phase"] == "Succeeded" and targets["l4"]["phase"] == "Succeeded"
+    assert targets["cpu-int8-strict"]["reason"] == "ValidationFailed"
+    assert "AWS_SECRET_ACCESS_KEY" not in json.dumps(obj) and s3.secret_key not in json.dumps(obj)
+
+    # The real compile's artifact is in S3 in the Triton layout, at its content address.
+    uri = targets["cpu"]["artifact"]["uri"]
+    assert uri.startswith(f"s3://{BUCKET}/store/cache/")
+    prefix = uri.removeprefix(f"s3://{BUCKET}/")
+    keys = {
+        o["Key"].removeprefix(prefix + "/")
+        for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]
+    }
+    # The Triton model folder is named after the CompiledModel: the name KServe serves it under.
+    assert {"lineage/config.pbtxt", "lineage/1/model.onnx", "result.json"} <= keys, keys
+
+    ml = MlflowClient(tracking_uri=mlflow.tracking_uri)
+    parent = ml.get_run(status["registry"]["runId"])
+    tags = parent.data.tags
+    assert tags["kompile.namespace"] == NS and tags["kompile.name"] == "lineage"
+    assert tags["kompile.uid"] == obj["metadata"]["uid"] and tags["kompile.generation"] == "1"
+    assert tags["kompile.source_uri"] == "python://models.small:small_cnn"
+    children = ml.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    by_target = {r.data.tags["kompile.target"]: r for r in children}
+    assert set(by_target) == {"cpu", "cpu-int8-strict", "l4"}
+    cpu_run = by_target["cpu"]
+    assert (
+        cpu_run.data.params["backend"] == "onnxruntime" and cpu_run.data.params["hardware_class"] == CPU_CLASS
+    )
+    assert {"p50_ms", "p99_ms", "throughput", "speedup", "max_abs_error", "min_cosine"} <= set(
+        cpu_run.data.metrics
+    )
+
+    versions = {v.tags["kompile.target"]: v for v in ml.search_model_versions("name='lineage-model'")}
+    assert set(versions) == {"cpu", "cpu-int8-strict", "l4"}
+    assert versions["cpu"].source == uri
+    assert versions["cpu-int8-strict"].tags["kompile.verdict"] == "failed"
+    aliases = ml.get_registered_model("lineage-model").aliases
+    # One alias per hardware class, on the validated winner; the failed version is never aliased.
+    assert aliases == {CPU_CLASS: versions["cpu"].version, GPU_CLASS: versions["l4"].version}
