@@ -9,8 +9,8 @@ demo:
 
 test:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && \
-	  bin=$$(scripts/build-control-plane.sh | tail -n 1) && \
-	  export KOMPILE_K8S_BIN=$$bin && \
+	  export KOMPILE_K8S_BIN=$$(scripts/build-control-plane.sh | tail -n 1) && \
+	  export KOMPILE_S3_BIN=$$(scripts/build-s3-server.sh | tail -n 1) && \
 	  $$v/bin/ruff check kompile tests benchmarks examples && \
 	  $$v/bin/mypy && \
 	  $$v/bin/lint-imports && \

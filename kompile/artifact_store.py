@@ -47,7 +47,7 @@ def _s3(uri: str) -> S3Location:
     return S3Location(parsed.netloc, parsed.path.lstrip("/"))
 
 
-def _client(endpoint: str | None, credentials: Credentials | None = None) -> Any:
+def s3_client(endpoint: str | None, credentials: Credentials | None = None) -> Any:
     import boto3
 
     endpoint = endpoint or os.environ.get("KOMPILE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
@@ -90,7 +90,7 @@ def put_tree(
     from botocore.exceptions import BotoCoreError, ClientError
 
     loc = _s3(uri)
-    client = _client(endpoint, credentials)
+    client = s3_client(endpoint, credentials)
     for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
         key = loc.child(str(path.relative_to(local_dir)))
         try:
@@ -112,7 +112,9 @@ def read_bytes(uri: str, endpoint: str | None = None, credentials: Credentials |
 
     loc = _s3(uri)
     try:
-        body: bytes = _client(endpoint, credentials).get_object(Bucket=loc.bucket, Key=loc.key)["Body"].read()
+        body: bytes = (
+            s3_client(endpoint, credentials).get_object(Bucket=loc.bucket, Key=loc.key)["Body"].read()
+        )
         return body
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
@@ -137,6 +139,6 @@ def write_bytes(
 
     loc = _s3(uri)
     try:
-        _client(endpoint, credentials).put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
+        s3_client(endpoint, credentials).put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
     except (BotoCoreError, ClientError) as err:
         raise _s3_error("write of", uri, err) from None

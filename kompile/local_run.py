@@ -13,9 +13,10 @@ from rich.table import Table
 
 from kompile.api.resource import CompiledModel
 from kompile.api.status import CompiledModelStatus, TargetStatus
+from kompile.artifact_store import StoreError, is_s3, join, put_tree
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
-from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, Reporter, run_pipeline
+from kompile.compile_jobs.pipeline import BuiltTarget, LogReporter, PipelineOptions, Reporter, run_pipeline
 from kompile.compile_jobs.sources import SourceError
 
 
@@ -69,6 +70,22 @@ def _tracking_uri(cm: CompiledModel, s: LocalRunSettings) -> str:
     return f"sqlite:///{(s.work_dir / 'mlflow.db').resolve()}"
 
 
+def _publish_to_s3(cm: CompiledModel, built: list[BuiltTarget], reporter: Reporter) -> None:
+    """With an s3:// artifact store, upload each artifact's Triton layout to a path named by its
+    digest (so a different artifact never overwrites it) and point its status there."""
+    store = cm.spec.registry.artifact_store if cm.spec.registry else None
+    if not store or not is_s3(store):
+        return
+    endpoint = cm.spec.registry.s3_endpoint if cm.spec.registry else None
+    for b in built:
+        if b.status.artifact is None:
+            continue
+        uri = join(store, cm.metadata.name, b.repo_dir.name)
+        reporter.stage(b.target.name, f"uploading to {uri}")
+        put_tree(b.repo_dir, uri, endpoint)
+        b.status.artifact = b.status.artifact.model_copy(update={"uri": uri})
+
+
 def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[int, str | None]:
     """Run and report. Returns (exit code, error message for bad input or None)."""
     s.work_dir.mkdir(parents=True, exist_ok=True)
@@ -86,6 +103,7 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     )
     try:
         result = run_pipeline(cm, opts, reporter)
+        _publish_to_s3(cm, result.built, reporter)
         if s.register and any(t.artifact for t in result.status.targets):
             from kompile.registry import TargetRecord, record
 
@@ -96,6 +114,8 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
             result.status.registry = record(cm, result.status, records, uri, result.lineage, artifacts)
     except (SourceError, ExportError, InputMismatch) as err:
         return 2, str(err)
+    except StoreError as err:
+        return 1, str(err)
     finally:
         if isinstance(reporter, RichReporter):
             reporter.stop()

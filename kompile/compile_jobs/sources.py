@@ -97,16 +97,20 @@ def fetch(uri: str, cache_dir: Path, base_dir: Path, s3_endpoint: str | None = N
 
 
 def _fetch_s3(bucket: str, key: str, cache_dir: Path, endpoint: str | None) -> Path:
-    import boto3
+    from boto3.exceptions import Boto3Error
     from botocore.exceptions import BotoCoreError, ClientError
+
+    from kompile.artifact_store import s3_client
 
     dest = cache_dir / "s3" / bucket / key
     dest.parent.mkdir(parents=True, exist_ok=True)
-    client = boto3.client("s3", endpoint_url=endpoint) if endpoint else boto3.client("s3")
     try:
-        client.download_file(bucket, key, str(dest))
-    except (BotoCoreError, ClientError) as err:
-        raise SourceError(f"spec.source.uri s3://{bucket}/{key}: download failed: {err}") from None
+        s3_client(endpoint).download_file(bucket, key, str(dest))
+    except (BotoCoreError, ClientError, Boto3Error) as err:
+        code = (
+            err.response.get("Error", {}).get("Code") if isinstance(err, ClientError) else type(err).__name__
+        )
+        raise SourceError(f"spec.source.uri s3://{bucket}/{key}: download failed: {code}") from None
     return dest
 
 

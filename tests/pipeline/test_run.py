@@ -160,3 +160,39 @@ def test_mlflow_model_source_links_lineage(kompile_run, write_manifest, tmp_path
     assert res.status["sourceDigest"].startswith("sha256:")
     (version,) = MlflowClient(tracking_uri=uri).search_model_versions("name='small'")
     assert version.tags["mlflow.source.uri"] == "models:/small-trained/1"
+
+
+def test_s3_source_and_s3_artifact_store(
+    kompile_run, write_manifest, tmp_path: Path, s3_server, s3_env
+) -> None:  # type: ignore[no-untyped-def]
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    bucket = "pipeline"
+    s3_server.create_bucket(bucket)
+    torch.onnx.export(
+        small_cnn(),
+        (torch.randn(1, 3, 32, 32),),
+        str(tmp_path / "m.onnx"),
+        input_names=["input"],
+        output_names=["logits"],
+        dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+        dynamo=False,
+    )
+    s3_server.client().upload_file(str(tmp_path / "m.onnx"), bucket, "models/m.onnx")
+    doc = small_cnn_doc(
+        source={"uri": f"s3://{bucket}/models/m.onnx"},
+        registry={"artifactStore": f"s3://{bucket}/artifacts", "s3Endpoint": s3_server.endpoint},
+    )
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    uri = _target(res.status, "cpu-fp32")["artifact"]["uri"]
+    assert uri.startswith(f"s3://{bucket}/artifacts/small/cpu-fp32-")
+    keys = {
+        o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket, Prefix="artifacts/")["Contents"]
+    }
+    prefix = uri.removeprefix(f"s3://{bucket}/")
+    assert {f"{prefix}/small/config.pbtxt", f"{prefix}/small/1/model.onnx", f"{prefix}/result.json"} <= keys
+    missing = kompile_run(
+        write_manifest(small_cnn_doc(source={"uri": f"s3://{bucket}/models/nope.onnx"}), "n.yaml")
+    )
+    assert missing.code == 2 and "download failed" in missing.stderr
