@@ -109,7 +109,10 @@ class ManagedProcess:
         with self.log_path.open("ab") as log:
             # A new session makes the process a group leader, so stop() reaches its children too.
             self._proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
 
@@ -131,8 +134,7 @@ class ManagedProcess:
         """An error naming this process, its exit status and the tail of its log."""
         status = "not started" if self._proc is None else f"exit status {self._proc.poll()}"
         return ControlPlaneError(
-            f"{self.name} {what} ({status}); log {self.log_path}, last lines:\n"
-            f"{log_tail(self.log_path)}"
+            f"{self.name} {what} ({status}); log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
         )
 
 
@@ -175,8 +177,20 @@ class Pki:
         self.dir.mkdir(parents=True, exist_ok=True)
         openssl = _ensure_openssl()
         run = self._runner(openssl)
-        run("req", "-x509", *EC_KEY, "-nodes", "-days", "3650",
-            "-subj", "/CN=kompile-dev-ca", "-keyout", self.ca_key, "-out", self.ca_crt)
+        run(
+            "req",
+            "-x509",
+            *EC_KEY,
+            "-nodes",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=kompile-dev-ca",
+            "-keyout",
+            self.ca_key,
+            "-out",
+            self.ca_crt,
+        )
         sans = f"IP:127.0.0.1,DNS:localhost,IP:{FIRST_SERVICE_IP},DNS:kubernetes,DNS:kubernetes.default.svc"
         serving = f"subjectAltName={sans}\nextendedKeyUsage=serverAuth"
         self._leaf(run, "apiserver", "/CN=kube-apiserver", serving)
@@ -191,14 +205,30 @@ class Pki:
         ext_file = self.dir / f"{name}.ext"
         ext_file.write_text(extensions + "\n")
         run("req", *EC_KEY, "-nodes", "-subj", subject, "-keyout", key, "-out", csr)
-        run("x509", "-req", "-in", csr, "-CA", self.ca_crt, "-CAkey", self.ca_key, "-CAcreateserial",
-            "-days", "365", "-extfile", ext_file, "-out", crt)
+        run(
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            self.ca_crt,
+            "-CAkey",
+            self.ca_key,
+            "-CAcreateserial",
+            "-days",
+            "365",
+            "-extfile",
+            ext_file,
+            "-out",
+            crt,
+        )
 
     def _runner(self, openssl: str) -> Callable[..., None]:
         def run(*args: str | Path) -> None:
             result = subprocess.run([openssl, *map(str, args)], capture_output=True, text=True)
             if result.returncode != 0:
                 raise ControlPlaneError(f"openssl {args[0]} failed: {result.stderr.strip()}")
+
         return run
 
 
@@ -290,7 +320,12 @@ class ControlPlane:
         # Server-side apply: large CRDs overflow the last-applied annotation of client-side apply.
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(directory))
         self.kubectl(
-            "wait", "--for", "condition=established", f"--timeout={timeout:.0f}s", "-f", str(directory),
+            "wait",
+            "--for",
+            "condition=established",
+            f"--timeout={timeout:.0f}s",
+            "-f",
+            str(directory),
             timeout=timeout + 30,
         )
         self.timings["crds"] = round(time.monotonic() - began, 2)
@@ -330,64 +365,102 @@ class ControlPlane:
 
     def _launch_etcd(self) -> ManagedProcess:
         client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
-        proc = self._launch("etcd", [
-            "--name=kompile", f"--data-dir={self.work_dir / 'etcd'}",
-            "--unsafe-no-fsync",  # test data: speed over durability
-            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=kompile={peer}", "--log-level=warn",
-        ], f"{client}/health")
+        proc = self._launch(
+            "etcd",
+            [
+                "--name=kompile",
+                f"--data-dir={self.work_dir / 'etcd'}",
+                "--unsafe-no-fsync",  # test data: speed over durability
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=kompile={peer}",
+                "--log-level=warn",
+            ],
+            f"{client}/health",
+        )
         self.etcd_url = client
         return proc
 
     def _launch_apiserver(self) -> ManagedProcess:
         self.api_port = free_port()
         pki = self.pki
-        return self._launch("kube-apiserver", [
-            f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.api_port}", f"--cert-dir={self.work_dir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.serving_crt}", f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_crt}",
-            "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # 127.0.0.1 is not a valid Endpoints IP, and no pod here reaches the API through the
-            # `kubernetes` Service: skip that reconciler and its error every few seconds.
-            "--endpoint-reconciler-type=none",
-            f"--service-account-issuer={self.server}",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-        ], f"{self.server}/readyz", self._client_context())
+        return self._launch(
+            "kube-apiserver",
+            [
+                f"--etcd-servers={self.etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--cert-dir={self.work_dir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.serving_crt}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_crt}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # 127.0.0.1 is not a valid Endpoints IP, and no pod here reaches the API through the
+                # `kubernetes` Service: skip that reconciler and its error every few seconds.
+                "--endpoint-reconciler-type=none",
+                f"--service-account-issuer={self.server}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+            ],
+            f"{self.server}/readyz",
+            self._client_context(),
+        )
 
     def _launch_controller_manager(self) -> ManagedProcess:
         port = free_port()
-        return self._launch("kube-controller-manager", [
-            *self._component_kubeconfig_args(), "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={port}", "--controllers=*",
-            # Each controller acts as its own service account, as in a real cluster, so RBAC
-            # mistakes surface here too.
-            "--use-service-account-credentials",
-            f"--service-account-private-key-file={self.pki.sa_key}",
-            f"--root-ca-file={self.pki.ca_crt}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-        ], f"https://127.0.0.1:{port}/healthz", _insecure_context())
+        return self._launch(
+            "kube-controller-manager",
+            [
+                *self._component_kubeconfig_args(),
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--controllers=*",
+                # Each controller acts as its own service account, as in a real cluster, so RBAC
+                # mistakes surface here too.
+                "--use-service-account-credentials",
+                f"--service-account-private-key-file={self.pki.sa_key}",
+                f"--root-ca-file={self.pki.ca_crt}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+            ],
+            f"https://127.0.0.1:{port}/healthz",
+            _insecure_context(),
+        )
 
     def _launch_scheduler(self) -> ManagedProcess:
         port = free_port()
-        return self._launch("kube-scheduler", [
-            *self._component_kubeconfig_args(), "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={port}",
-        ], f"https://127.0.0.1:{port}/healthz", _insecure_context())
+        return self._launch(
+            "kube-scheduler",
+            [
+                *self._component_kubeconfig_args(),
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+            ],
+            f"https://127.0.0.1:{port}/healthz",
+            _insecure_context(),
+        )
 
     def _launch_kwok(self) -> ManagedProcess:
         port = free_port()
         # Only nodes annotated kwok.x-k8s.io/node=fake are simulated, so a test opts nodes in.
-        return self._launch("kwok", [
-            f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
-            f"--config={self.kwok_config}", "--node-lease-duration-seconds=40",
-            f"--server-address=127.0.0.1:{port}",
-        ], f"http://127.0.0.1:{port}/healthz")
+        return self._launch(
+            "kwok",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
+                f"--config={self.kwok_config}",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{port}",
+            ],
+            f"http://127.0.0.1:{port}/healthz",
+        )
 
     def _component_kubeconfig_args(self) -> list[str]:
         # The admin identity for all three: delegated authn/authz needs one, and this is a test bed.
@@ -399,10 +472,21 @@ class ControlPlane:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "kompile", "cluster": {
-                "server": self.server, "certificate-authority": str(self.pki.ca_crt)}}],
-            "users": [{"name": "admin", "user": {
-                "client-certificate": str(self.pki.admin_crt), "client-key": str(self.pki.admin_key)}}],
+            "clusters": [
+                {
+                    "name": "kompile",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.pki.ca_crt)},
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(self.pki.admin_crt),
+                        "client-key": str(self.pki.admin_key),
+                    },
+                }
+            ],
             "contexts": [{"name": "kompile", "context": {"cluster": "kompile", "user": "admin"}}],
             "current-context": "kompile",
         }

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from kompile.api.status import RolloutPhase, RolloutStatus
@@ -208,7 +208,7 @@ class Decision:
 
 
 def _stamp(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

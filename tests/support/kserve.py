@@ -39,7 +39,7 @@ _NOT_IN_POD_TEMPLATE = {
     "scaleMetricType", "autoScaling", "deploymentStrategy",
 }  # fmt: skip
 
-Ready = Callable[[dict[str, Any]], bool]
+Verdict = Callable[[dict[str, Any]], bool]
 
 
 def fetch_crd() -> Path:
@@ -55,16 +55,14 @@ def install_crd(plane: ControlPlane, timeout: float = 60.0) -> Path:
     path = fetch_crd()
     # Server-side apply: the 2 MB CRD overflows client-side apply's last-applied annotation.
     plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path), timeout=timeout)
-    # Polled rather than `kubectl wait`, which fails while the new CRD has no conditions at all.
+    # Polled rather than `kubectl wait`: kubectl's filters fail (no check) while there are no conditions.
+    established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
     deadline = time.monotonic() + timeout
-    while True:
-        crd = json.loads(plane.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-            return path
+    while plane.kubectl("get", "crd", CRD_NAME, "-o", established, check=False).stdout.strip() != "True":
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{CRD_NAME} not Established in {timeout}s: {conditions}")
+            raise RuntimeError(f"{CRD_NAME} not Established in {timeout}s")
         time.sleep(0.2)
+    return path
 
 
 def _now() -> str:
@@ -130,7 +128,7 @@ class KServeControllerStandIn:
         self,
         kubeconfig: Path,
         namespace: str,
-        ready: Ready = lambda isvc: True,
+        ready: Verdict = lambda isvc: True,
         default_mode: str = "Serverless",
         ready_after_s: float = 0.0,
     ) -> None:
