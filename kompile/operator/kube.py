@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from kompile.api.resource import GROUP, PLURAL, VERSION
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 REQUEST_TIMEOUT = 30
 
 
@@ -93,6 +94,67 @@ class Kube:
         )
         items: list[dict[str, Any]] = res.get("items", [])
         return items
+
+    # -- KServe ------------------------------------------------------------------------------------
+
+    def get_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, name, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return obj
+
+    def create_inference_service(self, namespace: str, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(
+            KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, body, _request_timeout=REQUEST_TIMEOUT
+        )
+
+    def patch_inference_service(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        # The client sends custom-object patches as JSON merge patches: null removes a field.
+        self.custom.patch_namespaced_custom_object(
+            KSERVE_GROUP,
+            KSERVE_VERSION,
+            namespace,
+            KSERVE_PLURAL,
+            name,
+            patch,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            cm = self.core.read_namespaced_config_map(name, namespace, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status in (403, 404):  # no KServe config readable: the documented default applies
+                return None
+            raise
+        out: dict[str, Any] = self.api.sanitize_for_serialization(cm)
+        return out
+
+    def apply_config_map(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        try:
+            self.core.replace_namespaced_config_map(name, namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            self.core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+
+    def get_crd(self, name: str) -> dict[str, Any] | None:
+        try:
+            crd = client.ApiextensionsV1Api(self.api).read_custom_resource_definition(
+                name, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status in (403, 404):
+                return None
+            raise
+        out: dict[str, Any] = self.api.sanitize_for_serialization(crd)
+        return out
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         # A merge patch replaces lists whole: the caller always sends the full rebuilt status.

@@ -26,6 +26,7 @@ from kompile.operator.jobs import LABEL_GENERATION, LABEL_TARGET, LABEL_UID, bui
 from kompile.operator.kube import Kube
 from kompile.operator.lineage import move_alias, register_generation
 from kompile.operator.results import from_job
+from kompile.operator.serve import reconcile_rollouts
 from kompile.operator.settings import Settings
 from kompile.operator.targets import ResolvedTarget, resolve_targets
 
@@ -168,7 +169,9 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         )
     if resolved and all(t.phase in TERMINAL for t in targets):
         register_generation(cm, status, settings, event)
-        if not (cm.spec.rollout and cm.spec.rollout.enabled):
+        if cm.spec.rollout and cm.spec.rollout.enabled:
+            reconcile_rollouts(cm, status, resolved, kube, settings, event)
+        else:
             _alias_winners(cm, status, settings, event, resolved)
     ready = next(c for c in status.conditions if c.type == "Ready")
     if (

@@ -45,6 +45,8 @@ class Settings:
     """KOMPILE_HEALTH_PORT: liveness endpoint port (/healthz)."""
     metrics_port: int = 9090
     """KOMPILE_METRICS_PORT: Prometheus metrics port (/metrics)."""
+    kserve_namespace: str = "kserve"
+    """KOMPILE_KSERVE_NAMESPACE: where KServe's inferenceservice-config ConfigMap lives."""
     resync_seconds: float = 10.0
     """KOMPILE_RESYNC_SECONDS: how often a CompiledModel with running Jobs is looked at again."""
 
@@ -73,5 +75,6 @@ class Settings:
             runtime_class_gpu=e.get("KOMPILE_GPU_RUNTIME_CLASS") or None,
             health_port=int(e.get("KOMPILE_HEALTH_PORT", d.health_port)),
             metrics_port=int(e.get("KOMPILE_METRICS_PORT", d.metrics_port)),
+            kserve_namespace=e.get("KOMPILE_KSERVE_NAMESPACE", d.kserve_namespace),
             resync_seconds=float(e.get("KOMPILE_RESYNC_SECONDS", d.resync_seconds)),
         )

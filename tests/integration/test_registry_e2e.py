@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from mlflow import MlflowClient
 
 from kompile.artifact_store import join, write_bytes
 from kompile.devcluster import ControlPlane
 from tests.integration.fleet import KwokReporter, OperatorProcess, success_result, wait_for
 from tests.integration.kubelet_standin import KubeletStandIn
+from tests.support.kserve import KServeControllerStandIn, install_crd
 from tests.support.servers import MlflowServer, S3Server
 
 NS = "kompile-e2e"
@@ -179,3 +183,134 @@ def test_artifacts_land_in_s3_and_lineage_in_mlflow(e2e: dict[str, Any]) -> None
     aliases = ml.get_registered_model("lineage-model").aliases
     # One alias per hardware class, on the validated winner; the failed version is never aliased.
     assert aliases == {CPU_CLASS: versions["cpu"].version, GPU_CLASS: versions["l4"].version}
+
+
+# -- rollout to KServe (InferenceService CRD installed, KServe controller stood in) -----------------
+
+NEVER_READY = {"on": False}
+"""While on, new revisions the KServe stand-in sees never become Ready (a broken canary)."""
+
+
+@pytest.fixture(scope="module")
+def kserve(control_plane: ControlPlane, e2e: dict[str, Any]) -> Iterator[KServeControllerStandIn]:
+    install_crd(control_plane)
+    standin = KServeControllerStandIn(
+        control_plane.kubeconfig, NS, ready=lambda isvc: not NEVER_READY["on"]
+    ).start()
+    try:
+        yield standin
+    finally:
+        standin.stop()
+        assert not standin.errors, standin.errors
+
+
+def _rollout(e2e: dict[str, Any], name: str, phase: str, generation: int) -> dict[str, Any] | None:
+    obj: dict[str, Any] = e2e["custom"].get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+    status = obj.get("status") or {}
+    if status.get("observedGeneration") != generation:
+        return None
+    rollouts = {r["hardwareClass"]: r for r in status.get("rollouts", [])}
+    return obj if rollouts.get(CPU_CLASS, {}).get("phase") == phase else None
+
+
+def _isvc(e2e: dict[str, Any], name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = e2e["custom"].get_namespaced_custom_object(
+        "serving.kserve.io", "v1beta1", NS, "inferenceservices", name
+    )
+    return obj
+
+
+def _alias(e2e: dict[str, Any], model: str) -> str | None:
+    aliases: dict[str, str] = (
+        MlflowClient(tracking_uri=e2e["mlflow"].tracking_uri).get_registered_model(model).aliases
+    )
+    return aliases.get(CPU_CLASS)
+
+
+def _patch_spec(e2e: dict[str, Any], name: str, spec: dict[str, Any]) -> None:
+    e2e["custom"].patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name, {"spec": spec})
+
+
+def test_rollout_canary_promotion_rollback_and_gate(
+    e2e: dict[str, Any], kserve: KServeControllerStandIn
+) -> None:
+    s3, mlflow = e2e["s3"], e2e["mlflow"]
+    doc = manifest("serving", mlflow.tracking_uri, s3.endpoint, [CPU])
+    doc["spec"]["rollout"] = {
+        "enabled": True,
+        "deploymentMode": "Serverless",
+        "canaryTrafficPercent": 20,
+        "canaryTimeoutSeconds": 15,
+        "gate": {"minSpeedup": 0.1},
+    }
+    e2e["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, doc)
+    timings: dict[str, float] = {}
+
+    # 1. First rollout: created and Ready; the alias follows only then.
+    obj = wait_for("first rollout Ready", lambda: _rollout(e2e, "serving", "Ready", 1), timeout=300)
+    isvc = _isvc(e2e, "serving")
+    model = isvc["spec"]["predictor"]["model"]
+    first_uri = obj["status"]["targets"][0]["artifact"]["uri"]
+    assert model["storageUri"] == first_uri and model["runtime"] == "kserve-tritonserver"
+    assert model["modelFormat"]["name"] == "onnx"
+    assert isvc["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    first_version = obj["status"]["targets"][0]["registeredVersion"]
+    assert _alias(e2e, "serving-model") == first_version
+
+    # 2. A new generation goes through a canary and is promoted.
+    began = time.monotonic()
+    _patch_spec(e2e, "serving", {"validation": {"samples": 3}})
+    wait_for("canary", lambda: _rollout(e2e, "serving", "Canary", 2), timeout=300)
+    assert _isvc(e2e, "serving")["spec"]["predictor"]["canaryTrafficPercent"] == 20
+    assert _alias(e2e, "serving-model") == first_version  # not moved before the canary is Ready
+    obj = wait_for("promoted", lambda: _rollout(e2e, "serving", "Ready", 2), timeout=120)
+    timings["new_generation_to_promoted_s"] = round(time.monotonic() - began, 1)
+    second_uri = obj["status"]["targets"][0]["artifact"]["uri"]
+    predictor = _isvc(e2e, "serving")["spec"]["predictor"]
+    assert second_uri != first_uri and predictor["model"]["storageUri"] == second_uri
+    assert "canaryTrafficPercent" not in predictor
+    second_version = obj["status"]["targets"][0]["registeredVersion"]
+    assert _alias(e2e, "serving-model") == second_version != first_version
+
+    # 3. A canary that never becomes Ready is rolled back; the old revision keeps serving.
+    NEVER_READY["on"] = True
+    began = time.monotonic()
+    _patch_spec(e2e, "serving", {"validation": {"samples": 4}})
+    obj = wait_for("rolled back", lambda: _rollout(e2e, "serving", "RolledBack", 3), timeout=300)
+    timings["bad_canary_to_rolled_back_s"] = round(time.monotonic() - began, 1)
+    NEVER_READY["on"] = False
+    predictor = _isvc(e2e, "serving")["spec"]["predictor"]
+    assert predictor["model"]["storageUri"] == second_uri and "canaryTrafficPercent" not in predictor
+    assert _alias(e2e, "serving-model") == second_version
+    events = {
+        e.reason
+        for e in e2e["core"].list_namespaced_event(NS, field_selector="involvedObject.name=serving").items
+    }
+    assert {"RolloutCreate", "RolloutUpdate", "RolloutPromote", "RolloutRollback", "AliasMoved"} <= events
+
+    # 4. A validation failure changes no InferenceService and moves no alias.
+    strict = dict(CPU, precision="int8", tolerances={"minCosine": 1.0, "maxAbsError": 0.0})
+    _patch_spec(e2e, "serving", {"targets": [strict]})
+    obj = wait_for("blocked by validation", lambda: _rollout(e2e, "serving", "Blocked", 4), timeout=300)
+    assert "no validated target" in obj["status"]["rollouts"][0]["message"]
+    assert _isvc(e2e, "serving")["spec"]["predictor"]["model"]["storageUri"] == second_uri
+    assert _alias(e2e, "serving-model") == second_version
+    print(f"\nrollout timings: {json.dumps(timings)}")
+
+
+def test_gitops_mode_writes_manifests_instead_of_applying(
+    e2e: dict[str, Any], kserve: KServeControllerStandIn
+) -> None:
+    s3, mlflow = e2e["s3"], e2e["mlflow"]
+    doc = manifest("gitops", mlflow.tracking_uri, s3.endpoint, [CPU])
+    doc["spec"]["rollout"] = {"enabled": True, "gitops": {"configMap": "gitops-inferenceservices"}}
+    e2e["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, doc)
+    wait_for("written", lambda: _rollout(e2e, "gitops", "Written", 1), timeout=300)
+    data = e2e["core"].read_namespaced_config_map("gitops-inferenceservices", NS).data
+    (text,) = data.values()
+    written = yaml.safe_load(text)
+    assert written["kind"] == "InferenceService" and "ownerReferences" not in written["metadata"]
+    assert written["spec"]["predictor"]["model"]["runtime"] == "kserve-tritonserver"
+    with pytest.raises(ApiException) as err:
+        _isvc(e2e, "gitops")
+    assert err.value.status == 404
