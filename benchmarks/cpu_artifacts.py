@@ -1,0 +1,281 @@
+"""Eager PyTorch vs torch.compile vs each ONNX Runtime artifact on this machine's CPU; prints JSON.
+
+For each example model and batch size: p50/p90/p99 latency, throughput, speedup over eager (eager
+p50 / runtime p50, every runtime timed in the same interleaved rounds) and the validation figures of
+each artifact against the eager model. Works on its own (export, compile, validate, time):
+
+    python benchmarks/cpu_artifacts.py --models resnet50,bert_base --batch-sizes 1,8 --out /tmp/cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+
+from kompile.api.spec import Target  # noqa: E402
+from kompile.compile_jobs.backends.base import CompileRequest, Feeds, Runner, get_backend  # noqa: E402
+from kompile.compile_jobs.benchmark import set_threads, time_interleaved  # noqa: E402
+from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
+
+Array = np.ndarray[Any, Any]
+SEQ = 128
+# (target name, precision, quantization): the artifacts built for every model.
+ARTIFACTS = [
+    ("ort-fp32", "fp32", None),
+    ("ort-int8-dynamic", "int8", "dynamic"),
+    ("ort-int8-static", "int8", "static"),
+]
+
+
+@dataclass
+class ModelCase:
+    """An example model with its input generator and export signature."""
+
+    name: str
+    factory: str
+    inputs: list[str]
+    output: str
+    make: Callable[[np.random.Generator, int], Feeds]
+    dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+def _image(rng: np.random.Generator, batch: int) -> Feeds:
+    return {"input": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+
+
+def _tokens(rng: np.random.Generator, batch: int) -> Feeds:
+    mask = np.ones((batch, SEQ), dtype=np.int64)
+    for row in range(1, batch):  # right padding of varying length on all but the first row
+        mask[row, int(rng.integers(SEQ // 2, SEQ)) :] = 0
+    return {"input_ids": rng.integers(0, 30522, (batch, SEQ)).astype(np.int64), "attention_mask": mask}
+
+
+CASES = {
+    "resnet50": ModelCase(
+        "resnet50",
+        "models.cnn:resnet50",
+        ["input"],
+        "logits",
+        _image,
+        {"input": {0: "batch"}, "logits": {0: "batch"}},
+    ),
+    "bert_base": ModelCase(
+        "bert_base",
+        "models.transformer:bert_base",
+        ["input_ids", "attention_mask"],
+        "last_hidden_state",
+        _tokens,
+        {
+            "input_ids": {0: "batch", 1: "seq"},
+            "attention_mask": {0: "batch", 1: "seq"},
+            "last_hidden_state": {0: "batch", 1: "seq"},
+        },
+    ),
+}
+
+
+def build(case: ModelCase) -> Any:
+    import importlib
+
+    module, fn = case.factory.split(":")
+    return getattr(importlib.import_module(module), fn)()
+
+
+def export(case: ModelCase, model: Any, path: Path) -> float:
+    """TorchScript-based exporter, opset 17, dynamic batch (and sequence) axes."""
+    import torch
+
+    example = tuple(torch.from_numpy(a) for a in case.make(np.random.default_rng(0), 1).values())
+    start = time.perf_counter()
+    with torch.no_grad():
+        torch.onnx.export(
+            model,
+            example,
+            str(path),
+            input_names=case.inputs,
+            output_names=[case.output],
+            dynamic_axes=case.dynamic,
+            opset_version=17,
+            dynamo=False,
+        )
+    return time.perf_counter() - start
+
+
+def torch_call(model: Any, feeds: Feeds) -> Callable[[], Array]:
+    import torch
+
+    args = [torch.from_numpy(a) for a in feeds.values()]
+
+    def run() -> Array:
+        with torch.no_grad():
+            out: Array = model(*args).numpy()
+        return out
+
+    return run
+
+
+def runner_call(runner: Runner, feeds: Feeds) -> Callable[[], object]:
+    return lambda: runner.run(feeds)
+
+
+def validation_figures(
+    ref: list[list[Array]], cand: list[list[Array]], names: list[str], precision: str
+) -> dict[str, Any]:
+    result = compare(ref, cand, names, resolve_thresholds(precision))
+    out = result.outputs[0]
+    return {
+        "passed": result.passed,
+        "max_abs_error": out.max_abs_error,
+        "max_rel_error": out.max_rel_error,
+        "cosine": out.cosine,
+        "top_k_agreement": out.top_k_agreement,
+        "failures": result.failures,
+        "thresholds": result.thresholds.model_dump(exclude_none=True),
+    }
+
+
+def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
+    model = build(case)
+    onnx_path = work / f"{case.name}.onnx"
+    report: dict[str, Any] = {"model": case.name, "export_s": round(export(case, model, onnx_path), 2)}
+    rng = np.random.default_rng(args.seed)
+    reference_feeds = [case.make(rng, 2) for _ in range(args.samples)]
+    reference = [[torch_call(model, f)()] for f in reference_feeds]
+    runtimes: dict[str, dict[str, Any]] = {"eager": {}}
+    callers: dict[str, Callable[[Feeds], Callable[[], object]]] = {"eager": lambda f: torch_call(model, f)}
+    if args.torch_compile:
+        import torch
+
+        compiled = torch.compile(model)
+        start = time.perf_counter()
+        cand = [[torch_call(compiled, f)()] for f in reference_feeds]
+        runtimes["torch.compile"] = {
+            "compile_s": round(time.perf_counter() - start, 2),
+            "validation": validation_figures(reference, cand, [case.output], "fp32"),
+        }
+        callers["torch.compile"] = lambda f: torch_call(compiled, f)
+    backend = get_backend("onnxruntime")
+    for name, precision, quantization in ARTIFACTS:
+        target = Target(name=name, backend="onnxruntime", precision=precision, quantization=quantization)
+        start = time.perf_counter()
+        artifact = backend.compile(
+            CompileRequest(
+                onnx_path=onnx_path,
+                out_dir=work / case.name / name,
+                target=target,
+                signature=[],
+                calibration=reference_feeds,
+                threads=threads,
+            )
+        )
+        runner = backend.load(artifact, threads)
+        cand = [runner.run(f) for f in reference_feeds]
+        runtimes[name] = {
+            "compile_s": round(time.perf_counter() - start, 2),
+            "options": artifact.options,
+            "validation": validation_figures(reference, cand, runner.output_names, precision),
+        }
+        callers[name] = partial(runner_call, runner)
+    report["runtimes"] = runtimes
+    report["latency"] = {}
+    for batch in args.batch_sizes:
+        feeds = case.make(np.random.default_rng(batch), batch)
+        stats = time_interleaved(
+            {n: c(feeds) for n, c in callers.items()}, batch, args.warmup, args.iterations
+        )
+        eager_p50 = stats["eager"].p50_ms
+        report["latency"][str(batch)] = {
+            n: {**s.model_dump(exclude={"batch_size"}), "speedup": round(eager_p50 / s.p50_ms, 3)}
+            for n, s in stats.items()
+        }
+    report["best"] = best_validated(report)
+    return report
+
+
+def best_validated(report: dict[str, Any]) -> dict[str, Any]:
+    """Per batch size: the fastest runtime (besides eager) whose validation passed."""
+    out: dict[str, Any] = {}
+    for batch, stats in report["latency"].items():
+        ok = [n for n, r in report["runtimes"].items() if n != "eager" and r["validation"]["passed"]]
+        if ok:
+            name = min(ok, key=lambda n: stats[n]["p50_ms"])
+            out[batch] = {
+                "runtime": name,
+                "p50_ms": round(stats[name]["p50_ms"], 2),
+                "speedup": stats[name]["speedup"],
+            }
+    return out
+
+
+def machine(threads: int) -> dict[str, Any]:
+    import onnxruntime
+    import torch
+
+    from kompile.compile_jobs.backends.onnxruntime import cpu_features
+
+    return {
+        "cpu_features": cpu_features(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--models", default="resnet50,bert_base", help=f"comma-separated: {','.join(CASES)}")
+    p.add_argument("--batch-sizes", default="1,8", type=lambda s: [int(b) for b in s.split(",")])
+    p.add_argument("--iterations", type=int, default=20, help="timed rounds per batch size")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--pause-ms", type=float, default=20.0, help="idle time before each timed call")
+    p.add_argument("--samples", type=int, default=4, help="reference inputs (batch 2 each) to validate on")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="default: every core this process may use")
+    p.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
+    p.add_argument("--work-dir", type=Path, default=None, help="keep exported and compiled files here")
+    p.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    args = p.parse_args(argv)
+    unknown = [m for m in args.models.split(",") if m not in CASES]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; choose from {list(CASES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    threads = set_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="kompile-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "machine": machine(threads),
+            "settings": {
+                "iterations": args.iterations,
+                "warmup": args.warmup,
+                "seq_len": SEQ,
+                "speedup": "eager p50 / runtime p50, interleaved rounds in one run",
+            },
+            "models": [run_case(CASES[m], args, work, threads) for m in args.models.split(",")],
+        }
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

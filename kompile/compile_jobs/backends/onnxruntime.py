@@ -1,0 +1,492 @@
+"""ONNX Runtime backend for CPU nodes: fp32 graph optimizations and int8 quantization.
+
+Steps, each recorded in the artifact's options:
+- transformers (detected from the graph, or option `modelType`) go through ONNX Runtime's transformer
+  fusions first (Attention, EmbedLayerNormalization, SkipLayerNormalization, BiasGelu);
+- int8 `dynamic` quantizes the weights of the fused graph (QAttention, DynamicQuantizeMatMul);
+  `static` calibrates activation ranges on the reference inputs and inserts QDQ pairs with
+  per-channel weights; unset: dynamic for transformers, static for everything else (measured:
+  ConvInteger, what dynamic makes of a convolution, runs slower than fp32);
+- an InferenceSession applies its graph optimizations and saves the result at `optLevel`, default
+  extended: `all` adds NCHWc layouts sized for this CPU's vector width and was no faster once the
+  runner, which loads at `all`, redoes them on the node that serves.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+from kompile.compile_jobs.backends.base import Backend, BackendError, CompiledArtifact, CompileRequest, Feeds
+
+Array = np.ndarray[Any, Any]
+
+# ONNX Runtime's Python exceptions share no base class below Exception: name them.
+_ORT_ERROR_NAMES = (
+    "Fail InvalidArgument NoSuchFile NoModel EngineError RuntimeException InvalidProtobuf InvalidGraph"
+)
+ORT_ERRORS: tuple[type[Exception], ...] = tuple(getattr(ort_state, n) for n in _ORT_ERROR_NAMES.split())
+# What the fusion and quantization tools raise when a graph is outside what they handle.
+_PY_ERRORS = (RuntimeError, ValueError, AssertionError, KeyError, IndexError, TypeError)
+TOOL_ERRORS = (*_PY_ERRORS, onnx.checker.ValidationError, onnx.shape_inference.InferenceError, *ORT_ERRORS)
+OPT_LEVELS = {
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_TRANSFORMER_OPS = {"Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization"}
+# Embedding tables stay fp32 under dynamic quantization: a lookup gains no speed from int8, only error.
+_DYNAMIC_SKIP_OPS = {"EmbedLayerNormalization", "Gather"}
+
+# Target options: name -> (default, accepted values; () means a non-negative integer).
+OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "optLevel": ("extended", ("extended", "all", "basic")),
+    "modelType": ("auto", ("auto", "none", "bert")),  # or any ONNX Runtime optimizer model type
+    "numHeads": ("0", ()),  # 0: read from the graph
+    "hiddenSize": ("0", ()),
+    "attentionMask": ("raw", ("raw", "index")),  # index: faster only for right-padded batches
+    "perChannel": ("auto", ("auto", "true", "false")),  # auto: static true, dynamic false
+    "reduceRange": ("false", ("true", "false")),
+    "quantFormat": ("qdq", ("qdq", "qoperator")),  # static only; dynamic is always QOperator
+    "activationType": ("uint8", ("uint8", "int8")),  # static only; int8 means symmetric
+    "calibrationMethod": ("minmax", ("minmax", "entropy", "percentile")),
+    "intraOpThreads": ("0", ()),  # 0: the request's threads, else every core
+    "interOpThreads": ("1", ()),
+}
+
+
+def parse_options(raw: Mapping[str, str] | None) -> dict[str, str]:
+    """target.options merged over the defaults; a bad key or value says what is accepted."""
+    raw = dict(raw or {})
+    unknown = sorted(set(raw) - set(OPTIONS))
+    if unknown:
+        raise BackendError(f"unknown onnxruntime option(s) {unknown}; accepted: {sorted(OPTIONS)}")
+    out = {key: str(raw.get(key, default)).strip().lower() for key, (default, _) in OPTIONS.items()}
+    for key, (_, allowed) in OPTIONS.items():
+        value = out[key]
+        if not allowed and not value.isdigit():
+            raise BackendError(f"option {key}={raw[key]!r}: use a non-negative integer")
+        if allowed and value not in allowed and not (key == "modelType" and value in _ort_model_types()):
+            more = sorted(_ort_model_types()) if key == "modelType" else []
+            raise BackendError(f"option {key}={raw[key]!r}: use one of {[*allowed, *more]}")
+    return out
+
+
+def _ort_model_types() -> set[str]:
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    return set(MODEL_TYPES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph inspection: is it a transformer, and how many heads
+
+
+def load_checked(path: Path) -> onnx.ModelProto:
+    """The model at `path` (weights not loaded), or a BackendError naming the file."""
+    if not path.is_file():
+        raise BackendError(f"ONNX model {path} does not exist; export the source model first")
+    try:
+        onnx.checker.check_model(str(path))
+        return onnx.load(str(path), load_external_data=False)
+    except (DecodeError, onnx.checker.ValidationError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise BackendError(f"{path} is not a valid ONNX model ({first}); re-export the source model") from err
+
+
+@dataclass
+class _Constants:
+    """Shapes of every constant tensor and the values of the small ones (scales)."""
+
+    dims: dict[str, tuple[int, ...]]
+    small: dict[str, Array]
+
+
+def _constants(graph: onnx.GraphProto, small: int = 16) -> _Constants:
+    out = _Constants({}, {})
+    for init in graph.initializer:
+        out.dims[init.name] = tuple(init.dims)
+        if int(np.prod(init.dims)) <= small and not init.external_data:
+            out.small[init.name] = numpy_helper.to_array(init)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            value = numpy_helper.to_array(node.attribute[0].t)
+            out.dims[node.output[0]] = value.shape
+            if value.size <= small:
+                out.small[node.output[0]] = value
+        elif node.op_type == "Identity" and node.input[0] in out.dims:  # the exporter aliases shared weights
+            out.dims[node.output[0]] = out.dims[node.input[0]]
+            if node.input[0] in out.small:
+                out.small[node.output[0]] = out.small[node.input[0]]
+    return out
+
+
+def _upstream(
+    node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], depth: int
+) -> Iterator[onnx.NodeProto]:
+    """Nodes feeding `node`, breadth first, up to `depth` hops."""
+    queue, seen = deque([(node, 0)]), {id(node)}
+    while queue:
+        current, d = queue.popleft()
+        for parent in (producers[i] for i in current.input if i in producers):
+            if d < depth and id(parent) not in seen:
+                seen.add(id(parent))
+                yield parent
+                queue.append((parent, d + 1))
+
+
+def _attention_scales(graph: onnx.GraphProto, consts: _Constants) -> list[float] | None:
+    """Scale factors of Softmax(MatMul(q, k) * scale) patterns; None when the graph has none."""
+    producers = {o: n for n in graph.node for o in n.output}
+    found: list[float] | None = None
+    for soft in (n for n in graph.node if n.op_type == "Softmax"):
+        ups = list(_upstream(soft, producers, 4))
+        # q @ k^T multiplies two activations; a classifier head's MatMul has a weight operand.
+        if not any(n.op_type == "MatMul" and not set(n.input) & consts.dims.keys() for n in ups):
+            continue
+        found = found or []
+        for n in (n for n in ups if n.op_type in ("Mul", "Div")):
+            scalar = [
+                float(consts.small[i].item())
+                for i in n.input
+                if i in consts.small and consts.small[i].size == 1
+            ]
+            if scalar and scalar[0] > 0:
+                found.append(scalar[0] if n.op_type == "Mul" else 1.0 / scalar[0])
+                break
+    return found
+
+
+def detect_model_type(model: onnx.ModelProto) -> str:
+    """bert when the graph holds self-attention (MatMul-Softmax-MatMul) and layer norms, else none."""
+    ops = {n.op_type for n in model.graph.node}
+    if ops & _TRANSFORMER_OPS:
+        return "bert"
+    norm = "LayerNormalization" in ops or {"ReduceMean", "Sqrt"} <= ops
+    if norm and "Softmax" in ops and _attention_scales(model.graph, _constants(model.graph)) is not None:
+        return "bert"
+    return "none"
+
+
+def detect_heads(model: onnx.ModelProto) -> tuple[int, int]:
+    """(num_heads, hidden_size) from the attention scale (1/sqrt(head_dim)) and the layer-norm width.
+
+    (0, 0) when they cannot be read: ONNX Runtime then tries its own detection.
+    """
+    consts = _constants(model.graph)
+    norms = [n for n in model.graph.node if n.op_type == "LayerNormalization" and len(n.input) > 1]
+    hidden = next((int(np.prod(consts.dims[n.input[1]])) for n in norms if n.input[1] in consts.dims), 0)
+    scales = _attention_scales(model.graph, consts) or []
+    head_dim = round(scales[0] ** -2) if scales else 0
+    if not hidden or head_dim < 1 or hidden % head_dim:
+        return 0, 0
+    return hidden // head_dim, hidden
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps
+
+
+def fuse_transformer(
+    src: Path, model: onnx.ModelProto, dst: Path, opts: dict[str, str], record: dict[str, str]
+) -> Path:
+    """ONNX Runtime's transformer fusions; the fused-op counts go into the record."""
+    from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
+
+    heads, hidden = int(opts["numHeads"]), int(opts["hiddenSize"])
+    if not (heads and hidden):
+        heads, hidden = detect_heads(model)
+    fusion = FusionOptions(record["modelType"])
+    # A raw 2-D mask is right for any padding; a mask index assumes right-padded batches.
+    raw = opts["attentionMask"] == "raw"
+    fusion.attention_mask_format = (
+        AttentionMaskFormat.AttentionMask if raw else AttentionMaskFormat.MaskIndexEnd
+    )
+    try:
+        fused = optimizer.optimize_model(
+            str(src),
+            model_type=record["modelType"],
+            num_heads=heads,
+            hidden_size=hidden,
+            optimization_options=fusion,
+        )
+        fused.save_model_to_file(str(dst))
+    except TOOL_ERRORS as err:
+        raise BackendError(
+            f"transformer fusion ({record['modelType']}) of {src} failed: {err}; set option "
+            "modelType=none to skip it, or numHeads and hiddenSize if they were misdetected"
+        ) from err
+    stats = sorted((k, int(v)) for k, v in fused.get_fused_operator_statistics().items() if v)
+    record.update(
+        numHeads=str(heads or "auto"), hiddenSize=str(hidden or "auto"), attentionMask=opts["attentionMask"]
+    )
+    record["fusedOps"] = ",".join(f"{k}={v}" for k, v in stats) or "none"
+    return dst
+
+
+class FeedReader:
+    """Calibration inputs for quantize_static (ONNX Runtime's CalibrationDataReader protocol)."""
+
+    def __init__(self, feeds: Sequence[Feeds], input_names: Sequence[str]) -> None:
+        self._feeds = [{n: f[n] for n in input_names} for f in feeds]
+        self._next = 0
+
+    def get_next(self) -> Feeds | None:
+        self._next += 1
+        return self._feeds[self._next - 1] if self._next <= len(self._feeds) else None
+
+    def rewind(self) -> None:
+        self._next = 0
+
+
+def quantize_dynamic(src: Path, dst: Path, opts: dict[str, str], record: dict[str, str]) -> Path:
+    """int8 weights, activations quantized per call (uint8): no calibration data needed."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    per_channel = opts["perChannel"] == "true"  # auto: per-tensor, measured as fast and as close on BERT
+    op_types = sorted(set(IntegerOpsRegistry) - _DYNAMIC_SKIP_OPS)
+    extra = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
+    try:
+        ort_quantize_dynamic(
+            str(src),
+            str(dst),
+            op_types_to_quantize=op_types,
+            per_channel=per_channel,
+            reduce_range=opts["reduceRange"] == "true",
+            weight_type=QuantType.QInt8,
+            extra_options=extra,
+        )
+    except TOOL_ERRORS as err:
+        raise BackendError(
+            f"dynamic int8 quantization of {src} failed: {err}; try quantization: static"
+        ) from err
+    record.update(
+        quantization="dynamic",
+        quantFormat="qoperator",
+        weightType="int8",
+        activationType="uint8",
+        perChannel=str(per_channel).lower(),
+        reduceRange=opts["reduceRange"],
+    )
+    return dst
+
+
+def quantize_static(
+    src: Path,
+    inputs: list[str],
+    work: Path,
+    request: CompileRequest,
+    opts: dict[str, str],
+    record: dict[str, str],
+) -> Path:
+    """QDQ int8 with activation ranges calibrated on the reference inputs; per-channel weights."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quant_pre_process
+    from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+    if not request.calibration:
+        raise BackendError(
+            "static int8 quantization calibrates on reference inputs and none were given: provide "
+            "validation samples or a dataset, or set quantization: dynamic"
+        )
+    pre, dst = work / "preprocessed.onnx", work / "quantized.onnx"
+    per_channel = opts["perChannel"] != "false"
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[opts["calibrationMethod"]]
+    symmetric = opts["activationType"] == "int8"
+    try:
+        quant_pre_process(str(src), str(pre), auto_merge=True)
+        ort_quantize_static(
+            str(pre),
+            str(dst),
+            FeedReader(request.calibration, inputs),
+            quant_format=QuantFormat.QDQ if opts["quantFormat"] == "qdq" else QuantFormat.QOperator,
+            per_channel=per_channel,
+            reduce_range=opts["reduceRange"] == "true",
+            activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=method,
+            extra_options={"ActivationSymmetric": symmetric},
+        )
+    except KeyError as err:
+        raise BackendError(
+            f"calibration inputs lack model input {err}; they must name each of {inputs}"
+        ) from err
+    except TOOL_ERRORS as err:
+        raise BackendError(
+            f"static int8 quantization of {src} failed: {err}; try quantization: dynamic"
+        ) from err
+    record.update(
+        quantization="static",
+        quantFormat=opts["quantFormat"],
+        weightType="int8",
+        activationType=opts["activationType"],
+        perChannel=str(per_channel).lower(),
+        reduceRange=opts["reduceRange"],
+        calibrationMethod=opts["calibrationMethod"],
+        calibrationSamples=str(len(request.calibration)),
+    )
+    return dst
+
+
+def optimize_and_save(src: Path, dst: Path, level: str, threads: int) -> None:
+    """Let an InferenceSession apply its graph optimizations at `level` and save the result."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = OPT_LEVELS[level]
+    so.optimized_model_filepath = str(dst)
+    so.intra_op_num_threads = threads
+    try:
+        ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    except ORT_ERRORS as err:
+        raise BackendError(f"ONNX Runtime could not load {src}: {err}") from err
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend and its runner
+
+
+def cpu_features() -> str:
+    """The instruction sets int8 and NCHWc kernels depend on (part of what an artifact is built for)."""
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next(
+                (ln.split(":", 1)[1].split() for ln in f if ln.startswith(("flags", "Features"))), []
+            )
+    except OSError:
+        pass  # not Linux: the machine name below still says x86_64 or arm64
+    wanted = ("avx512_vnni", "avx512f", "avx_vnni", "avx2", "asimddp", "asimd")
+    return ",".join(w for w in wanted if w in flags) or platform.machine()
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class OrtRunner:
+    """An InferenceSession on the artifact file with pinned threads."""
+
+    def __init__(self, path: Path, intra_threads: int, inter_threads: int = 1) -> None:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = intra_threads
+        so.inter_op_num_threads = inter_threads
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        try:
+            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except ORT_ERRORS as err:
+            raise BackendError(f"ONNX Runtime could not load the artifact {path}: {err}") from err
+        self.path = path
+        self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
+        self.output_names: list[str] = [o.name for o in self.session.get_outputs()]
+        self._dtypes = {i.name: _np_dtype(i.type) for i in self.session.get_inputs()}
+
+    def run(self, feeds: Feeds) -> list[Array]:
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise BackendError(f"inputs {missing} missing for {self.path.name}; it takes {self.input_names}")
+        typed = {n: _as_dtype(feeds[n], self._dtypes[n]) for n in self.input_names}
+        try:
+            outputs = self.session.run(self.output_names, typed)
+        except ORT_ERRORS as err:
+            raise BackendError(
+                f"running {self.path.name} failed: {err}; do the inputs match the signature?"
+            ) from err
+        return [np.asarray(o) for o in outputs]
+
+
+def _np_dtype(ort_type: str) -> np.dtype[Any] | None:
+    """numpy dtype of an ONNX Runtime type string such as tensor(int64); None when unknown."""
+    code = getattr(onnx.TensorProto, ort_type.removeprefix("tensor(").removesuffix(")").upper(), None)
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code)) if isinstance(code, int) else None
+
+
+def _as_dtype(value: Array, dtype: np.dtype[Any] | None) -> Array:
+    """Feeds in the model's dtype (int32 token ids for an int64 input, say) rather than a failed run."""
+    return value if dtype is None or value.dtype == dtype else value.astype(dtype)
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    precisions = frozenset({"fp32", "int8"})
+    device = "cpu"
+
+    def version(self) -> str:
+        return str(ort.__version__)
+
+    def compile(self, request: CompileRequest) -> CompiledArtifact:
+        target = request.target
+        if target.precision not in self.precisions:
+            precisions = sorted(self.precisions)
+            raise BackendError(
+                f"target {target.name!r}: onnxruntime builds {precisions}, not {target.precision}"
+            )
+        opts = parse_options(target.options)
+        model = load_checked(request.onnx_path)
+        work = request.out_dir / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        threads = int(opts["intraOpThreads"]) or request.threads or default_threads()
+        model_type = detect_model_type(model) if opts["modelType"] == "auto" else opts["modelType"]
+        record = {
+            "precision": target.precision,
+            "modelType": model_type,
+            "optLevel": opts["optLevel"],
+            "loadOptLevel": "all",
+            "intraOpThreads": str(threads),
+            "interOpThreads": opts["interOpThreads"],
+        }
+        mode = target.quantization or ("dynamic" if model_type != "none" else "static")
+        graph = request.onnx_path
+        # Static QDQ quantizes plain MatMuls; the fused Attention op would keep its projections fp32.
+        if model_type != "none" and not (target.precision == "int8" and mode == "static"):
+            graph = fuse_transformer(graph, model, work / "fused.onnx", opts, record)
+        if target.precision == "int8" and mode == "dynamic":
+            graph = quantize_dynamic(graph, work / "quantized.onnx", opts, record)
+        elif target.precision == "int8":
+            weights = {t.name for t in model.graph.initializer}
+            inputs = [i.name for i in model.graph.input if i.name not in weights]
+            graph = quantize_static(graph, inputs, work, request, opts, record)
+        final = request.out_dir / "model.onnx"
+        optimize_and_save(graph, final, opts["optLevel"], threads)
+        return CompiledArtifact(
+            model_path=final,
+            serving_format="onnx",
+            triton_platform="onnxruntime_onnx",
+            model_filename="model.onnx",
+            options=record,
+            toolchain={
+                "onnxruntime": self.version(),
+                "onnx": str(onnx.__version__),
+                "numpy": str(np.__version__),
+                "cpu": cpu_features(),
+            },
+        )
+
+    def load(self, artifact: CompiledArtifact, threads: int | None = None) -> OrtRunner:
+        recorded = artifact.options.get("intraOpThreads", "")
+        intra = threads or (int(recorded) if recorded.isdigit() else default_threads())
+        inter = artifact.options.get("interOpThreads", "1")
+        return OrtRunner(artifact.model_path, intra, int(inter) if inter.isdigit() else 1)
+
+
+BACKEND = OnnxRuntimeBackend()

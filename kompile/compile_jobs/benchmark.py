@@ -1,0 +1,140 @@
+"""Timing helpers: warm up, then time every runtime in the same rounds so machine noise hits all alike.
+
+The speedup of an artifact is eager p50 / artifact p50 from one interleaved run: timing eager first
+and the artifact a minute later on a shared, noisy machine measures the neighbours, not the compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from kompile.api.status import LatencyStats
+
+Clock = Callable[[], int]
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the cgroup/affinity view, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(n: int | None = None) -> int:
+    """Pin the thread count for every runtime in this process; returns the count used.
+
+    torch's intra-op pool is set directly (imported here, lazily, so the pipeline's light parts do
+    not pull torch in). ONNX Runtime takes its count from session options: runners read the returned
+    value; OMP_NUM_THREADS is set too for libraries that size OpenMP pools at import.
+    """
+    threads = n or available_cores()
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return threads
+    torch.set_num_threads(threads)
+    return threads
+
+
+def foreign_cpu_seconds() -> float | None:
+    """CPU seconds used so far by everything but this process (Linux /proc/stat; None elsewhere)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    except (OSError, ValueError):
+        return None
+    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return busy - own.user - own.system
+
+
+@dataclass
+class QuietRounds:
+    """Keep the rounds that other processes disturbed least (shared build machines, CI runners).
+
+    Rounds run until `iterations` of them saw at most `max_foreign_cores` of CPU used by other
+    processes (averaged over the round), or `max_rounds_factor * iterations` rounds ran; the
+    `iterations` least disturbed rounds are kept. `discarded` counts the rounds dropped.
+    """
+
+    max_foreign_cores: float = 0.25
+    max_rounds_factor: float = 3.0
+    probe: Callable[[], float | None] = foreign_cpu_seconds
+    discarded: int = 0
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], object]],
+    batch_size: int,
+    warmup: int,
+    iterations: int,
+    clock: Clock = time.perf_counter_ns,
+    pause_s: float = 0.0,
+    quiet: QuietRounds | None = None,
+) -> dict[str, LatencyStats]:
+    """Time each fn over `iterations` rounds; every round calls each fn once, in rotating order.
+
+    Warm-up calls (`warmup` per fn, untimed) come first. Rotating the order each round keeps any
+    fn from always running right after the same neighbour (cache state, turbo, GC). Latency is per
+    call (perf_counter_ns); throughput is samples per second at the median latency,
+    batch_size / p50, which a few outliers on a shared machine do not move.
+
+    `pause_s` of idle time before each timed call (not counted) lets the previous runtime's
+    spinning worker threads (ONNX Runtime's pool, OpenMP) go to sleep, so they do not steal
+    cores from the next runtime and bias its figure. `quiet` drops rounds that other processes
+    disturbed; a whole round goes, so every fn keeps the same rounds.
+    """
+    if iterations < 1:
+        raise ValueError("iterations must be at least 1")
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    max_rounds = max(iterations, int(iterations * quiet.max_rounds_factor)) if quiet else iterations
+    rounds: list[tuple[float, dict[str, int]]] = []  # (foreign cores during the round, latencies)
+    for order in rotating_orders(names, max_rounds):
+        before, wall = (quiet.probe() if quiet else None), time.perf_counter()
+        durations: dict[str, int] = {}
+        for name in order:
+            if pause_s:
+                time.sleep(pause_s)
+            start = clock()
+            fns[name]()
+            durations[name] = clock() - start
+        after = quiet.probe() if quiet else None
+        load = (after - before) / max(time.perf_counter() - wall, 1e-9) if after is not None and before is not None else 0.0
+        rounds.append((load, durations))
+        if not quiet or sum(1 for lo, _ in rounds if lo <= quiet.max_foreign_cores) >= iterations:
+            break_early = len(rounds) >= iterations
+            if break_early:
+                break
+    kept = sorted(rounds, key=lambda r: r[0])[:iterations]
+    if quiet:
+        quiet.discarded += len(rounds) - len(kept)
+    return {name: latency_stats([d[name] for _, d in kept], batch_size) for name in names}
+
+
+def rotating_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """Round r calls names[r % n], names[r % n + 1], ...: each fn leads equally often."""
+    n = len(names)
+    return [[names[(r + i) % n] for i in range(n)] for r in range(rounds)] if n else []
+
+
+def latency_stats(durations_ns: list[int], batch_size: int) -> LatencyStats:
+    """p50/p90/p99 in milliseconds (linear interpolation) and samples/s at the median."""
+    ms = np.asarray(durations_ns, dtype=np.float64) / 1e6
+    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+    return LatencyStats(
+        batch_size=batch_size,
+        p50_ms=p50,
+        p90_ms=p90,
+        p99_ms=p99,
+        throughput=batch_size * 1000.0 / p50 if p50 > 0 else float("inf"),
+    )

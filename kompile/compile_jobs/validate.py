@@ -1,0 +1,221 @@
+"""Compare a compiled artifact's outputs with the eager source model's: the verdict and its figures.
+
+Pure numpy: a reference run and a candidate run can happen on different machines and be compared
+here from saved arrays (Polygraphy's split between running and comparing).
+
+Thresholds depend on precision. A 1e-5 element bound fails every fp16 build, and int8 element errors
+scale with the output's range, so the lower precisions lean on task-level checks instead: cosine
+similarity of each sample's output and, for class scores, top-k agreement. NaN or Inf always fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from kompile.api.spec import Tolerances
+from kompile.api.status import OutputCheck, Thresholds, ValidationResult
+
+Task = Literal["auto", "classification", "none"]
+Array = np.ndarray[Any, Any]
+
+# Relative error divides by |reference| + eps. A fixed tiny eps turns every element near zero into a
+# huge relative error that says nothing, so eps is scaled to the output's mean magnitude.
+REL_EPS_SCALE = 1e-3
+REL_EPS_FLOOR = 1e-12
+
+_DEFAULTS: dict[str, Thresholds] = {
+    # fp32 graph rewrites (fusions, reordered reductions) move elements by ~1e-5 of the output's scale;
+    # 1e-3 absolute leaves room for that on activations of order 1-100 and still catches real bugs.
+    "fp32": Thresholds(max_abs_error=1e-3, min_cosine=0.9999, min_top_k_agreement=1.0, top_k=1),
+    "fp16": Thresholds(max_abs_error=5e-2, min_cosine=0.999, min_top_k_agreement=0.99, top_k=5),
+    "bf16": Thresholds(max_abs_error=2e-1, min_cosine=0.995, min_top_k_agreement=0.99, top_k=5),
+    # int8: element error scales with each tensor's range, so no absolute bound by default.
+    "int8": Thresholds(max_abs_error=None, min_cosine=0.99, min_top_k_agreement=0.9, top_k=5),
+}
+
+
+def default_thresholds(precision: str) -> Thresholds:
+    """Default thresholds for a precision (fp32, fp16, bf16, int8)."""
+    try:
+        return _DEFAULTS[precision].model_copy()
+    except KeyError:
+        raise ValueError(
+            f"no validation defaults for precision {precision!r}; use one of {sorted(_DEFAULTS)}"
+        ) from None
+
+
+def resolve_thresholds(precision: str, *overrides: Tolerances | None) -> Thresholds:
+    """Precision defaults with each override applied in turn (later wins; unset fields keep defaults)."""
+    merged = default_thresholds(precision).model_dump()
+    for override in overrides:
+        if override is None:
+            continue
+        merged.update({k: v for k, v in override.model_dump().items() if v is not None})
+    return Thresholds(**merged)
+
+
+def compare(
+    reference: Sequence[Sequence[Array]],
+    candidate: Sequence[Sequence[Array]],
+    output_names: Sequence[str],
+    thresholds: Thresholds,
+    task: Task = "auto",
+) -> ValidationResult:
+    """Hold the candidate's outputs to the reference's, per output, over every sample.
+
+    `reference[i][j]` is output j of sample i (each sample may itself be a batch: cosine and top-k
+    are taken per row of the leading axis).
+    """
+    failures: list[str] = []
+    if len(reference) != len(candidate):
+        failures.append(f"sample count differs: reference {len(reference)}, candidate {len(candidate)}")
+    checks: list[OutputCheck] = []
+    for j, name in enumerate(output_names):
+        pairs, problems = _pairs(reference, candidate, j, name)
+        failures.extend(problems)
+        if problems:
+            checks.append(_broken(name, pairs))
+            continue
+        check = _measure(name, pairs, thresholds, _is_class_score(pairs[0][0], task))
+        checks.append(check)
+        failures.extend(_missed(check, thresholds))
+    return ValidationResult(
+        passed=not failures,
+        samples=len(reference),
+        outputs=checks,
+        thresholds=thresholds,
+        failures=failures,
+    )
+
+
+def _pairs(
+    reference: Sequence[Sequence[Array]], candidate: Sequence[Sequence[Array]], j: int, name: str
+) -> tuple[list[tuple[Array, Array]], list[str]]:
+    """The (reference, candidate) arrays of output j, and any structural problem found."""
+    pairs: list[tuple[Array, Array]] = []
+    problems: list[str] = []
+    for i, (ref_sample, cand_sample) in enumerate(zip(reference, candidate, strict=False)):
+        if j >= len(cand_sample) or j >= len(ref_sample):
+            problems.append(
+                f"output {name!r} missing in sample {i}: reference has {len(ref_sample)} outputs, "
+                f"candidate {len(cand_sample)}"
+            )
+            continue
+        ref = np.asarray(ref_sample[j])
+        cand = np.asarray(cand_sample[j])
+        if ref.shape != cand.shape:
+            problems.append(
+                f"output {name!r} sample {i}: shape {list(cand.shape)} does not match the source "
+                f"model's {list(ref.shape)}"
+            )
+            continue
+        pairs.append((ref.astype(np.float64), cand.astype(np.float64)))
+    if not pairs and not problems:
+        problems.append(f"output {name!r}: no samples to compare")
+    return pairs, problems
+
+
+def _broken(name: str, pairs: list[tuple[Array, Array]]) -> OutputCheck:
+    """Figures for an output that could not be compared: every number at its worst."""
+    finite = all(bool(np.isfinite(c).all()) for _, c in pairs)
+    return OutputCheck(
+        name=name, max_abs_error=float("inf"), max_rel_error=float("inf"), cosine=-1.0, finite=finite
+    )
+
+
+def _is_class_score(ref: Array, task: Task) -> bool:
+    if task == "classification":
+        return ref.ndim >= 1 and ref.shape[-1] >= 2
+    if task == "none":
+        return False
+    return ref.ndim == 2 and ref.shape[1] >= 2
+
+
+def _measure(
+    name: str, pairs: list[tuple[Array, Array]], thresholds: Thresholds, classify: bool
+) -> OutputCheck:
+    finite = all(bool(np.isfinite(c).all()) for _, c in pairs)
+    if not finite:
+        return OutputCheck(
+            name=name,
+            max_abs_error=float("nan"),
+            max_rel_error=float("nan"),
+            cosine=float("nan"),
+            finite=False,
+        )
+    max_abs = 0.0
+    max_rel = 0.0
+    cosines: list[float] = []
+    agree: list[bool] = []
+    for ref, cand in pairs:
+        diff = np.abs(cand - ref)
+        max_abs = max(max_abs, float(diff.max(initial=0.0)))
+        eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(np.abs(ref).mean())) if ref.size else REL_EPS_FLOOR
+        max_rel = max(max_rel, float((diff / (np.abs(ref) + eps)).max(initial=0.0)))
+        cosines.extend(_row_cosines(ref, cand))
+        if classify:
+            agree.extend(_top_k_agree(ref, cand, thresholds.top_k))
+    return OutputCheck(
+        name=name,
+        max_abs_error=max_abs,
+        max_rel_error=max_rel,
+        cosine=min(cosines) if cosines else 1.0,
+        top_k_agreement=float(np.mean(agree)) if agree else None,
+        finite=True,
+    )
+
+
+def _rows(a: Array) -> Array:
+    """One row per sample: the leading axis is the batch when there is more than one axis."""
+    return a.reshape(a.shape[0], -1) if a.ndim >= 2 else a.reshape(1, -1)
+
+
+def _row_cosines(ref: Array, cand: Array) -> list[float]:
+    r, c = _rows(ref), _rows(cand)
+    out: list[float] = []
+    for rr, cc in zip(r, c, strict=True):
+        nr, nc = float(np.linalg.norm(rr)), float(np.linalg.norm(cc))
+        if nr == 0.0 and nc == 0.0:
+            out.append(1.0)  # both all-zero: identical
+        elif nr == 0.0 or nc == 0.0:
+            out.append(0.0)
+        else:
+            out.append(float(np.dot(rr, cc) / (nr * nc)))
+    return out
+
+
+def _top_k_agree(ref: Array, cand: Array, k: int) -> list[bool]:
+    """A sample agrees when the reference's top-1 class is among the candidate's top-k classes.
+
+    Set equality of the top-k is brittle on near-ties deep in the list; asking that the source's
+    answer survives in the artifact's top-k is what a classifier's user checks.
+    """
+    r = ref.reshape(-1, ref.shape[-1])
+    c = cand.reshape(-1, cand.shape[-1])
+    k = min(k, c.shape[-1])
+    top1 = np.argmax(r, axis=-1)
+    topk = np.argsort(-c, axis=-1, kind="stable")[:, :k]
+    return [bool(t in row) for t, row in zip(top1, topk, strict=True)]
+
+
+def _missed(check: OutputCheck, t: Thresholds) -> list[str]:
+    """One line per missed threshold: measured vs limit."""
+    name = check.name
+    if not check.finite:
+        return [f"output {name!r}: the artifact produced NaN or Inf"]
+    out: list[str] = []
+    if t.max_abs_error is not None and check.max_abs_error > t.max_abs_error:
+        out.append(f"output {name!r}: max abs error {check.max_abs_error:.3g} > limit {t.max_abs_error:.3g}")
+    if t.max_rel_error is not None and check.max_rel_error > t.max_rel_error:
+        out.append(f"output {name!r}: max rel error {check.max_rel_error:.3g} > limit {t.max_rel_error:.3g}")
+    if check.cosine < t.min_cosine:
+        out.append(f"output {name!r}: cosine {check.cosine:.6f} < limit {t.min_cosine:.6f}")
+    agreement = check.top_k_agreement
+    if agreement is not None and t.min_top_k_agreement is not None and agreement < t.min_top_k_agreement:
+        out.append(
+            f"output {name!r}: top-{t.top_k} agreement {agreement:.3f} < limit {t.min_top_k_agreement:.3f}"
+        )
+    return out

@@ -1,0 +1,225 @@
+"""The onnxruntime backend on real small models: build, run, compare with eager, record options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("transformers")
+
+from kompile.api.spec import Target  # noqa: E402
+from kompile.compile_jobs.backends.base import BackendError, CompileRequest, Feeds, get_backend  # noqa: E402
+from kompile.compile_jobs.backends.onnxruntime import (  # noqa: E402
+    OnnxRuntimeBackend,
+    detect_heads,
+    detect_model_type,
+    load_checked,
+    parse_options,
+)
+from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
+
+Array = np.ndarray[Any, Any]
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def backend() -> OnnxRuntimeBackend:
+    b = get_backend("onnxruntime")
+    assert isinstance(b, OnnxRuntimeBackend)
+    return b
+
+
+def _export(model: Any, feeds: Feeds, path: Path, dynamic: dict[str, dict[int, str]], output: str) -> Path:
+    args = tuple(torch.from_numpy(a) for a in feeds.values())
+    with torch.no_grad():
+        torch.onnx.export(
+            model,
+            args,
+            str(path),
+            input_names=list(feeds),
+            output_names=[output],
+            dynamic_axes=dynamic,
+            opset_version=17,
+            dynamo=False,
+        )
+    return path
+
+
+def _eager(model: Any, feeds: list[Feeds]) -> list[list[Array]]:
+    with torch.no_grad():
+        return [[model(*(torch.from_numpy(a) for a in f.values())).numpy()] for f in feeds]
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[Feeds]]:
+    from models.small import small_cnn
+
+    rng = np.random.default_rng(0)
+    feeds = [{"input": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
+    model = small_cnn()
+    path = tmp_path_factory.mktemp("cnn") / "small_cnn.onnx"
+    return (
+        model,
+        _export(model, feeds[0], path, {"input": {0: "batch"}, "logits": {0: "batch"}}, "logits"),
+        feeds,
+    )
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[Feeds]]:
+    from models.transformer import bert_tiny
+
+    rng = np.random.default_rng(0)
+    feeds = []
+    for i in range(4):
+        mask = np.ones((2, SEQ), dtype=np.int64)
+        mask[1, SEQ // 2 + i :] = 0  # padded second row: the fused attention must honour the mask
+        feeds.append({"input_ids": rng.integers(0, 1000, (2, SEQ)).astype(np.int64), "attention_mask": mask})
+    model = bert_tiny()
+    dyn = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "last_hidden_state")}
+    path = tmp_path_factory.mktemp("bert") / "bert_tiny.onnx"
+    return model, _export(model, feeds[0], path, dyn, "last_hidden_state"), feeds
+
+
+def _build_and_check(
+    backend: OnnxRuntimeBackend, case: tuple[Any, Path, list[Feeds]], out: Path, target: Target
+) -> dict[str, str]:
+    model, onnx_path, feeds = case
+    art = backend.compile(CompileRequest(onnx_path, out, target, signature=[], calibration=feeds, threads=1))
+    assert art.model_path.is_file() and art.model_path.parent == out
+    assert (art.serving_format, art.triton_platform, art.model_filename) == (
+        "onnx",
+        "onnxruntime_onnx",
+        "model.onnx",
+    )
+    assert art.toolchain["onnxruntime"] == backend.version()
+    runner = backend.load(art)
+    result = compare(
+        _eager(model, feeds),
+        [runner.run(f) for f in feeds],
+        runner.output_names,
+        resolve_thresholds(target.precision),
+    )
+    assert result.passed, result.failures
+    assert art.options["intraOpThreads"] == "1" and art.options["precision"] == target.precision
+    return art.options
+
+
+@pytest.mark.parametrize(
+    ("precision", "quantization", "expected"),
+    [
+        ("fp32", None, None),
+        ("int8", "static", "static"),
+        ("int8", "dynamic", "dynamic"),
+        ("int8", None, "static"),
+    ],
+)
+def test_small_cnn(
+    backend: OnnxRuntimeBackend,
+    cnn: Any,
+    tmp_path: Path,
+    precision: str,
+    quantization: str | None,
+    expected: str | None,
+) -> None:
+    target = Target(name="cpu", backend="onnxruntime", precision=precision, quantization=quantization)
+    options = _build_and_check(backend, cnn, tmp_path, target)
+    assert options["modelType"] == "none" and "fusedOps" not in options
+    assert options.get("quantization") == expected
+    if expected == "static":
+        assert options["perChannel"] == "true" and options["calibrationSamples"] == "4"
+
+
+@pytest.mark.parametrize(("precision", "quantization"), [("fp32", None), ("int8", "dynamic"), ("int8", None)])
+def test_bert_tiny_fuses_and_quantizes(
+    backend: OnnxRuntimeBackend, bert: Any, tmp_path: Path, precision: str, quantization: str | None
+) -> None:
+    target = Target(name="cpu", backend="onnxruntime", precision=precision, quantization=quantization)
+    options = _build_and_check(backend, bert, tmp_path, target)
+    assert options["modelType"] == "bert"
+    assert "Attention=2" in options["fusedOps"] and "SkipLayerNormalization" in options["fusedOps"]
+    assert (options["numHeads"], options["hiddenSize"], options["attentionMask"]) == ("2", "128", "raw")
+    if precision == "int8":
+        assert options["quantization"] == "dynamic"  # the transformer default
+
+
+def test_bert_tiny_static_int8(backend: OnnxRuntimeBackend, bert: Any, tmp_path: Path) -> None:
+    target = Target(name="cpu", backend="onnxruntime", precision="int8", quantization="static")
+    options = _build_and_check(backend, bert, tmp_path, target)
+    assert options["quantization"] == "static" and options["quantFormat"] == "qdq"
+
+
+def test_graph_detection(bert: Any, cnn: Any) -> None:
+    assert detect_model_type(load_checked(bert[1])) == "bert"
+    assert detect_heads(load_checked(bert[1])) == (2, 128)
+    assert detect_model_type(load_checked(cnn[1])) == "none"
+
+
+def test_model_type_override_skips_fusion(backend: OnnxRuntimeBackend, bert: Any, tmp_path: Path) -> None:
+    target = Target(name="cpu", backend="onnxruntime", options={"modelType": "none", "optLevel": "all"})
+    options = _build_and_check(backend, bert, tmp_path, target)
+    assert options["modelType"] == "none" and "fusedOps" not in options and options["optLevel"] == "all"
+
+
+def test_corrupt_onnx_names_the_file(backend: OnnxRuntimeBackend, tmp_path: Path) -> None:
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not a protobuf" * 10)
+    target = Target(name="cpu", backend="onnxruntime")
+    with pytest.raises(BackendError, match=r"broken\.onnx.*not a valid ONNX model"):
+        backend.compile(CompileRequest(bad, tmp_path / "out", target, signature=[], calibration=[]))
+
+
+def test_missing_file_and_static_without_calibration(
+    backend: OnnxRuntimeBackend, cnn: Any, tmp_path: Path
+) -> None:
+    with pytest.raises(BackendError, match="does not exist"):
+        backend.compile(
+            CompileRequest(
+                tmp_path / "nope.onnx",
+                tmp_path,
+                Target(name="c", backend="onnxruntime"),
+                signature=[],
+                calibration=[],
+            )
+        )
+    target = Target(name="c", backend="onnxruntime", precision="int8", quantization="static")
+    with pytest.raises(BackendError, match="quantization: dynamic"):
+        backend.compile(CompileRequest(cnn[1], tmp_path, target, signature=[], calibration=[]))
+
+
+def test_options_are_checked() -> None:
+    assert parse_options({"optLevel": "ALL", "perChannel": "true"})["optLevel"] == "all"
+    with pytest.raises(BackendError, match=r"optLevel=.fast.*extended"):
+        parse_options({"optLevel": "fast"})
+    with pytest.raises(BackendError, match=r"unknown onnxruntime option.*optlevel"):
+        parse_options({"optlevel": "all"})
+    with pytest.raises(BackendError, match="numHeads"):
+        parse_options({"numHeads": "twelve"})
+    with pytest.raises(BackendError, match="fp16"):
+        OnnxRuntimeBackend().compile(
+            CompileRequest(
+                Path("x.onnx"),
+                Path("."),
+                Target(name="c", backend="onnxruntime", precision="fp16"),
+                signature=[],
+                calibration=[],
+            )
+        )
+
+
+def test_runner_names_missing_inputs(backend: OnnxRuntimeBackend, cnn: Any, tmp_path: Path) -> None:
+    art = backend.compile(
+        CompileRequest(
+            cnn[1], tmp_path, Target(name="c", backend="onnxruntime"), signature=[], calibration=[]
+        )
+    )
+    runner = backend.load(art, threads=1)
+    with pytest.raises(BackendError, match=r"\['input'\] missing"):
+        runner.run({"x": np.zeros((1, 3, 32, 32), np.float32)})
+    out = runner.run({"input": np.zeros((1, 3, 32, 32), np.float64)})  # dtype converted to the model's
+    assert out[0].shape == (1, 10) and runner.output_names == ["logits"]

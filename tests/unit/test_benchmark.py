@@ -1,0 +1,96 @@
+"""Timing helpers: percentiles from a fake clock, rotating order, thread pinning."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+from kompile.compile_jobs.benchmark import latency_stats, rotating_orders, set_threads, time_interleaved
+
+
+class FakeClock:
+    """A clock that each fake fn advances by its own cost, so latencies are exact."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+    def fn(self, costs_ms: list[float], calls: list[str], name: str) -> Callable[[], None]:
+        def run() -> None:
+            calls.append(name)
+            self.now += int(costs_ms[len([c for c in calls if c == name]) - 1] * 1e6)
+
+        return run
+
+
+def test_percentiles_and_throughput_from_fake_fns() -> None:
+    clock = FakeClock()
+    calls: list[str] = []
+    # 2 warm-up calls (expensive, must not count) then 100 timed calls of 1..100 ms.
+    fast = [500.0, 500.0] + [float(i) for i in range(1, 101)]
+    slow = [900.0, 900.0] + [10.0 * i for i in range(1, 101)]
+    fns = {"fast": clock.fn(fast, calls, "fast"), "slow": clock.fn(slow, calls, "slow")}
+    stats = time_interleaved(fns, batch_size=8, warmup=2, iterations=100, clock=clock)
+    assert stats["fast"].p50_ms == pytest.approx(50.5)
+    assert stats["fast"].p90_ms == pytest.approx(90.1)
+    assert stats["fast"].p99_ms == pytest.approx(99.01)
+    assert stats["slow"].p50_ms == pytest.approx(505.0)
+    assert stats["fast"].throughput == pytest.approx(8 * 1000 / 50.5)
+    assert stats["fast"].batch_size == 8
+
+
+def test_rounds_rotate_and_warmup_comes_first() -> None:
+    calls: list[str] = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in ("a", "b", "c")}
+    time_interleaved(fns, batch_size=1, warmup=1, iterations=3)
+    assert calls[:3] == ["a", "b", "c"]  # warm-up
+    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_pause_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    calls: list[str] = []
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # a slow pause: it must not show in the latency
+        sleeps.append(seconds)
+        clock.now += 10**9
+
+    monkeypatch.setattr("kompile.compile_jobs.benchmark.time.sleep", sleep)
+    stats = time_interleaved({"a": clock.fn([2.0] * 4, calls, "a")}, 1, 0, 4, clock=clock, pause_s=0.01)
+    assert sleeps == [0.01] * 4
+    assert stats["a"].p50_ms == pytest.approx(2.0)
+
+
+def test_rotating_orders_lead_equally() -> None:
+    orders = rotating_orders(["x", "y"], 4)
+    assert [o[0] for o in orders] == ["x", "y", "x", "y"]
+    assert rotating_orders([], 3) == []
+
+
+def test_latency_stats_single_sample() -> None:
+    s = latency_stats([2_000_000], batch_size=1)
+    assert s.p50_ms == s.p90_ms == s.p99_ms == 2.0
+    assert s.throughput == pytest.approx(500.0)
+
+
+def test_iterations_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        time_interleaved({"a": lambda: None}, batch_size=1, warmup=0, iterations=0)
+
+
+def test_set_threads_pins_torch_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        assert set_threads(1) == 1
+        assert torch.get_num_threads() == 1
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+        assert set_threads() >= 1
+    finally:
+        torch.set_num_threads(before)

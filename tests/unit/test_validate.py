@@ -1,0 +1,138 @@
+"""Validation: precision defaults, overrides, and the verdict's figures and failure lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kompile.api.spec import Tolerances
+from kompile.compile_jobs.validate import compare, default_thresholds, resolve_thresholds
+
+Array = np.ndarray[Any, Any]
+
+
+def _rng_outputs(shape: tuple[int, ...], samples: int = 3, seed: int = 0) -> list[list[Array]]:
+    rng = np.random.default_rng(seed)
+    return [[rng.standard_normal(shape).astype(np.float32)] for _ in range(samples)]
+
+
+def _shifted(outputs: list[list[Array]], delta: float) -> list[list[Array]]:
+    return [[a + np.float32(delta) for a in sample] for sample in outputs]
+
+
+def test_defaults_loosen_with_precision() -> None:
+    fp32, fp16, int8 = (default_thresholds(p) for p in ("fp32", "fp16", "int8"))
+    assert fp32.max_abs_error is not None and fp16.max_abs_error is not None
+    assert 1e-5 < fp32.max_abs_error < fp16.max_abs_error
+    assert fp32.min_cosine > fp16.min_cosine > int8.min_cosine >= 0.99
+    assert int8.max_abs_error is None
+    assert int8.min_top_k_agreement is not None
+    assert default_thresholds("bf16").min_cosine <= fp16.min_cosine
+
+
+def test_unknown_precision_is_named() -> None:
+    with pytest.raises(ValueError, match="fp8"):
+        default_thresholds("fp8")
+
+
+def test_later_overrides_win_and_unset_fields_keep_defaults() -> None:
+    spec_wide = Tolerances(max_abs_error=0.5, min_cosine=0.9)
+    target = Tolerances(min_cosine=0.95)
+    t = resolve_thresholds("fp32", None, spec_wide, target)
+    assert t.max_abs_error == 0.5
+    assert t.min_cosine == 0.95
+    assert t.top_k == default_thresholds("fp32").top_k
+
+
+def test_defaults_are_not_shared_state() -> None:
+    t = default_thresholds("fp32")
+    t.min_cosine = 0.1
+    assert default_thresholds("fp32").min_cosine == 0.9999
+
+
+def test_identical_outputs_pass_with_figures() -> None:
+    ref = _rng_outputs((2, 16))
+    result = compare(ref, ref, ["y"], default_thresholds("fp32"), task="none")
+    assert result.passed, result.failures
+    assert result.samples == 3
+    check = result.outputs[0]
+    assert check.max_abs_error == 0.0 and check.cosine == pytest.approx(1.0)
+    assert check.finite and check.top_k_agreement is None
+
+
+def test_fp32_small_drift_passes_large_fails_with_measured_and_limit() -> None:
+    ref = _rng_outputs((1, 64))
+    assert compare(ref, _shifted(ref, 1e-4), ["y"], default_thresholds("fp32"), task="none").passed
+    result = compare(ref, _shifted(ref, 1e-2), ["y"], default_thresholds("fp32"), task="none")
+    assert not result.passed
+    line = next(f for f in result.failures if "max abs error" in f)
+    assert "'y'" in line and "0.01" in line and "limit 0.001" in line
+
+
+def test_nan_or_inf_always_fails() -> None:
+    ref = _rng_outputs((1, 8))
+    bad = [[a.copy() for a in s] for s in ref]
+    bad[1][0][0, 3] = np.nan
+    loose = resolve_thresholds("int8", Tolerances(min_cosine=-1.0))
+    result = compare(ref, bad, ["y"], loose, task="none")
+    assert not result.passed
+    assert result.outputs[0].finite is False
+    assert any("NaN or Inf" in f for f in result.failures)
+    bad[1][0][0, 3] = np.inf
+    assert not compare(ref, bad, ["y"], loose, task="none").passed
+
+
+def test_shape_mismatch_fails_clearly() -> None:
+    ref = _rng_outputs((2, 8), samples=1)
+    cand = [[np.zeros((2, 9), dtype=np.float32)]]
+    result = compare(ref, cand, ["logits"], default_thresholds("fp32"))
+    assert not result.passed
+    assert any("shape [2, 9]" in f and "[2, 8]" in f and "'logits'" in f for f in result.failures)
+
+
+def test_missing_output_and_sample_count_fail() -> None:
+    ref = [[np.ones((1, 4)), np.ones((1, 4))]]
+    result = compare(ref, [[np.ones((1, 4))]], ["a", "b"], default_thresholds("fp32"))
+    assert not result.passed and any("'b' missing" in f for f in result.failures)
+    result = compare(ref + ref, ref, ["a", "b"], default_thresholds("fp32"))
+    assert any("sample count" in f for f in result.failures)
+
+
+def test_cosine_is_the_worst_sample() -> None:
+    ref = [[np.array([[1.0, 0.0], [0.0, 1.0]])]]
+    cand = [[np.array([[1.0, 0.0], [1.0, 1.0]])]]  # second row is 45 degrees off
+    result = compare(ref, cand, ["y"], default_thresholds("int8"), task="none")
+    assert result.outputs[0].cosine == pytest.approx(np.cos(np.pi / 4))
+    assert any("cosine" in f for f in result.failures)
+
+
+def test_top_k_agreement_on_auto_detected_class_scores() -> None:
+    ref = [[np.array([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 0.0]])]]
+    # Row 0: source's best class (1) drops to second place: still within top-2.
+    # Row 1: source's best class (0) drops to last place.
+    cand = [[np.array([[0.0, 4.0, 4.5, 2.0], [0.0, 1.0, 2.0, 3.0]])]]
+    t = resolve_thresholds("int8", Tolerances(top_k=2, min_cosine=-1.0, min_top_k_agreement=0.75))
+    result = compare(ref, cand, ["logits"], t, task="auto")
+    assert result.outputs[0].top_k_agreement == pytest.approx(0.5)
+    assert any("top-2 agreement 0.500 < limit 0.750" in f for f in result.failures)
+
+
+def test_task_decides_whether_top_k_is_measured() -> None:
+    hidden = _rng_outputs((1, 4, 8))  # 3-D hidden states: not class scores under auto
+    assert compare(hidden, hidden, ["h"], default_thresholds("fp32")).outputs[0].top_k_agreement is None
+    forced = compare(hidden, hidden, ["h"], default_thresholds("fp32"), task="classification")
+    assert forced.outputs[0].top_k_agreement == 1.0
+    logits = _rng_outputs((2, 10))
+    assert (
+        compare(logits, logits, ["y"], default_thresholds("fp32"), task="none").outputs[0].top_k_agreement
+        is None
+    )
+
+
+def test_relative_error_is_not_blown_up_by_zeros() -> None:
+    ref = [[np.array([[0.0, 10.0, -10.0]])]]
+    cand = [[np.array([[1e-6, 10.0, -10.0]])]]
+    check = compare(ref, cand, ["y"], default_thresholds("fp32"), task="none").outputs[0]
+    assert check.max_rel_error < 1e-3
