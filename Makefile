@@ -23,7 +23,7 @@ lint:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/ruff check kompile tests benchmarks examples && $$v/bin/mypy && $$v/bin/lint-imports
 
 crds:
-	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/kompile crd --out crds/
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/kompile crd --out crds/ && $$v/bin/kompile reference --out docs/reference.md
 
 control-plane:
 	@scripts/build-control-plane.sh

@@ -114,6 +114,21 @@ def crd(
 
 
 @app.command()
+def reference(
+    out: Annotated[Path | None, typer.Option(help="Write the Markdown here instead of stdout.")] = None,
+) -> None:
+    """Print (or write) the CompiledModel API reference generated from the models."""
+    from kompile.api.reference import render_reference
+
+    text = render_reference()
+    if out is None:
+        sys.stdout.write(text)
+        return
+    out.write_text(text)
+    err_console.print(f"wrote {out}")
+
+
+@app.command()
 def operator(
     verbose: Annotated[bool, typer.Option(help="Debug logging.")] = False,
 ) -> None:

@@ -116,6 +116,13 @@ def test_checked_in_crd_matches_models() -> None:
     assert path.read_text() == render_crd(), "crds/ drifted from kompile/api: run `make crds`"
 
 
+def test_reference_doc_matches_models() -> None:
+    from kompile.api.reference import render_reference
+
+    path = ROOT / "docs" / "reference.md"
+    assert path.read_text() == render_reference(), "docs/reference.md drifted: run `make crds`"
+
+
 def _walk(schema: dict, path: str = ""):  # type: ignore[no-untyped-def]
     yield path, schema
     for name, sub in (schema.get("properties") or {}).items():
