@@ -1,0 +1,77 @@
+# syntax=docker/dockerfile:1
+# Three images from one file, one target each:
+#   docker build --target operator    -t ghcr.io/kompile/operator:0.1.0    .
+#   docker build --target compile-cpu -t ghcr.io/kompile/compile-cpu:0.1.0 .
+#   docker build --target compile-gpu -t ghcr.io/kompile/compile-gpu:0.1.0 .
+# No Docker engine runs in CI: tests/unit/test_dockerfile.py lints this file with hadolint and checks
+# that every pip extra and file named here exists. Versions come from requirements/lock.txt, the same
+# lock CI's venv is built from (scripts/setup-venv.sh), used here as a constraints file so an image
+# never resolves a different version than the tests ran with.
+
+# Exact tags (not `3.11-slim`): a rebuild does not silently move to another Python or Debian release.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# TensorRT 10.13 on CUDA 13.0, Python 3.12. A TensorRT plan runs only on the TensorRT version that
+# built it, so this tag is part of the artifact cache key (KOMPILE_BACKEND_VERSIONS): bump both together.
+ARG TENSORRT_IMAGE=nvcr.io/nvidia/tensorrt:25.10-py3
+
+# ---------------------------------------------------------------------------------------------------
+# The operator: Kopf, the Kubernetes client, boto3 and the MLflow client. No torch, no compiler
+# (import-linter keeps kompile.operator from importing them), so the image stays a few hundred MB.
+FROM ${PYTHON_IMAGE} AS operator
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp
+WORKDIR /opt/kompile
+COPY requirements/lock.txt requirements/lock.txt
+COPY pyproject.toml README.md ./
+COPY kompile kompile
+# A regular (not editable) install: the source folder is not needed at run time.
+RUN pip install --no-cache-dir -c requirements/lock.txt ".[operator,s3,mlflow]"
+# 65532: the conventional "nonroot" uid of distroless images; numeric so that Kubernetes'
+# runAsNonRoot can verify it without reading /etc/passwd.
+USER 65532:65532
+EXPOSE 8080 9090
+ENTRYPOINT ["kompile", "operator"]
+
+# ---------------------------------------------------------------------------------------------------
+# The CPU compile image (ONNX Runtime). Size: the lock pins PyPI's torch, whose Linux x86_64 wheel
+# bundles the CUDA libraries (about 4-5 GB installed); the CPU-only wheels from PyTorch's own index
+# would make it about 1 GB, but that index is not reachable from CI here, and an image must not run
+# versions CI never tested. Switch to `--index-url https://download.pytorch.org/whl/cpu` together
+# with the lock when that changes.
+FROM ${PYTHON_IMAGE} AS compile-cpu
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp \
+    KOMPILE_WORK_DIR=/scratch \
+    KOMPILE_SOURCE_DIR=/opt/kompile
+WORKDIR /opt/kompile
+COPY requirements/lock.txt requirements/lock.txt
+COPY pyproject.toml README.md ./
+COPY kompile kompile
+RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,s3]"
+# The example models, so python://models.small:small_cnn resolves as it does in the examples.
+COPY examples/models models
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]
+
+# ---------------------------------------------------------------------------------------------------
+# The GPU compile image: NVIDIA's TensorRT container brings TensorRT, its Python bindings and CUDA;
+# kompile adds torch (PyPI's CUDA wheel) for export and ONNX Runtime for the reference run.
+FROM ${TENSORRT_IMAGE} AS compile-gpu
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp \
+    KOMPILE_WORK_DIR=/scratch \
+    KOMPILE_SOURCE_DIR=/opt/kompile
+WORKDIR /opt/kompile
+COPY requirements/lock.txt requirements/lock.txt
+COPY pyproject.toml README.md ./
+COPY kompile kompile
+RUN python3 -m pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,s3]"
+COPY examples/models models
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]

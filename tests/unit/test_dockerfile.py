@@ -1,0 +1,147 @@
+"""The Dockerfile, checked without a Docker engine: hadolint (scripts/install-tools.sh installs it), and
+every install it does is one CI exercises otherwise (the extras exist, versions come from the lock CI
+builds its venv from, the operator image's dependency closure holds no torch or compiler)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+STAGES = {"operator": ["kompile", "operator"], "compile-cpu": ["kompile-job"], "compile-gpu": ["kompile-job"]}
+HEAVY = {"torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "tensorrt", "onnx"}
+
+
+@cache
+def hadolint() -> Path:
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install-tools.sh")], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"scripts/install-tools.sh failed:\n{result.stderr}"
+    return Path(result.stdout.strip().splitlines()[-1]) / "hadolint"
+
+
+def instructions() -> list[tuple[str, str, str]]:
+    """(stage, INSTRUCTION, arguments) for each instruction, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    out: list[tuple[str, str, str]] = []
+    stage = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        op, _, args = line.partition(" ")
+        if op.upper() == "FROM":
+            stage = args.split(" AS ")[-1].strip() if " AS " in args else ""
+        out.append((stage, op.upper(), args.strip()))
+    return out
+
+
+def args_defaults() -> dict[str, str]:
+    return dict(a.split("=", 1) for s, op, a in instructions() if op == "ARG" and not s and "=" in a)
+
+
+def test_hadolint_is_clean() -> None:
+    result = subprocess.run(
+        [str(hadolint()), "--format", "json", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert json.loads(result.stdout or "[]") == [] and result.returncode == 0, result.stdout + result.stderr
+
+
+def test_base_images_are_pinned() -> None:
+    froms = {s: a.split(" AS ")[0] for s, op, a in instructions() if op == "FROM"}
+    assert set(froms) == set(STAGES)
+    images = {s: args_defaults().get(f.strip("${}"), f) for s, f in froms.items()}
+    # Exact Python patch release and Debian release: a rebuild cannot move either silently.
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", images["operator"]), images
+    assert images["compile-cpu"] == images["operator"]
+    # A monthly NGC release; TensorRT plans are tied to its TensorRT version.
+    assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d{2}\.\d{2}-py3", images["compile-gpu"]), images
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_runs_as_non_root_with_its_entrypoint(stage: str) -> None:
+    own = [(op, a) for s, op, a in instructions() if s == stage]
+    assert ("USER", "65532:65532") in own
+    assert any(op == "WORKDIR" for op, _ in own)
+    (entry,) = [json.loads(a) for op, a in own if op == "ENTRYPOINT"]
+    assert entry == STAGES[stage]
+    # USER comes after every RUN: nothing runs as root at run time, installs happen at build time.
+    last_run = max(i for i, (op, _) in enumerate(own) if op == "RUN")
+    assert own.index(("USER", "65532:65532")) > last_run
+
+
+def pip_installs() -> dict[str, tuple[str, set[str]]]:
+    """stage -> (constraints file, extras) of its one `pip install`."""
+    out: dict[str, tuple[str, set[str]]] = {}
+    for stage, op, args in instructions():
+        if op == "RUN" and "pip install" in args:
+            m = re.search(r'-c (\S+) "\.\[([a-z0-9,]+)\]"', args)
+            assert m, f"{stage}: pip install must use the lock as constraints and name extras: {args}"
+            out[stage] = (m.group(1), set(m.group(2).split(",")))
+    return out
+
+
+def test_installs_use_existing_extras_and_ci_lock() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installs = pip_installs()
+    assert set(installs) == set(STAGES)
+    setup_venv = (ROOT / "scripts" / "setup-venv.sh").read_text()
+    for stage, (lock, wanted) in installs.items():
+        assert wanted <= set(extras), f"{stage}: extras {wanted - set(extras)} not in pyproject.toml"
+        # The same lock CI's venv is installed from: images run the versions the tests ran.
+        assert f"lock={lock}" in setup_venv and (ROOT / lock).is_file()
+    assert installs["operator"][1] == {"operator", "s3", "mlflow"}
+    assert {"torch", "onnxruntime"} <= installs["compile-cpu"][1]
+
+
+def _closure(names: set[str]) -> set[str]:
+    """Installed distributions reachable from names (markers evaluated, extras not followed)."""
+    seen: set[str] = set()
+    todo = [canonicalize_name(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for spec in requires:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return seen
+
+
+def test_operator_image_holds_no_torch_or_compiler() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = [project["dependencies"], *(extras[g] for g in pip_installs()["operator"][1])]
+    closure = _closure({Requirement(r).name for group in groups for r in group})
+    # The walk reached the installed dependencies (a broken walk would pass vacuously).
+    assert {"kopf", "kubernetes", "boto3", "mlflow", "sqlalchemy"} <= closure
+    assert not closure & HEAVY, closure & HEAVY
+
+
+def test_dockerignore_lets_in_what_is_copied_and_nothing_secret() -> None:
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert next(line for line in ignore if not line.startswith("#")) == "*"
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    for stage, op, args in instructions():
+        if op == "COPY" and "--from" not in args:
+            *sources, _ = args.split()
+            for src in sources:
+                assert (ROOT / src).exists(), f"{stage}: COPY {src}: no such path"
+                assert src.rstrip("/") in allowed, f"{stage}: COPY {src} is excluded by .dockerignore"
