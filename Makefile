@@ -11,6 +11,7 @@ test:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && \
 	  export KOMPILE_K8S_BIN=$$(scripts/build-control-plane.sh | tail -n 1) && \
 	  export KOMPILE_S3_BIN=$$(scripts/build-s3-server.sh | tail -n 1) && \
+	  scripts/fetch-kserve-crd.sh >/dev/null && scripts/install-tools.sh >/dev/null && \
 	  $$v/bin/ruff check kompile tests benchmarks examples && \
 	  $$v/bin/mypy && \
 	  $$v/bin/lint-imports && \
