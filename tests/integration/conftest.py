@@ -19,6 +19,7 @@ from kompile.devcluster import ControlPlane, find_bin_dir
 from tests.integration.fleet import FLEET, LOCAL_LABELS, LOCAL_NODE, kwok_node
 from tests.integration.kubelet_standin import KubeletStandIn
 from tests.integration.kwok_stages import write_stages
+from tests.support.fixtures import report_line
 
 HERE = Path(__file__).resolve().parent
 CRDS_DIR = HERE.parent.parent / "crds"
@@ -29,16 +30,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.integration)
-
-
-def _report(config: pytest.Config, line: str) -> None:
-    """A line on the terminal even under output capture (a session fixture has no test to show it)."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None:
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +48,7 @@ def control_plane(
         if CRDS_DIR.is_dir() and any(CRDS_DIR.glob("*.y*ml")):
             plane.apply_crds(CRDS_DIR)
         steps = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in plane.timings.items())
-        _report(request.config, f"\ncontrol plane up in {time.monotonic() - began:.1f}s ({steps})")
+        report_line(request.config, f"\ncontrol plane up in {time.monotonic() - began:.1f}s ({steps})")
         yield plane
     finally:
         plane.stop()
@@ -67,7 +58,7 @@ def control_plane(
 def _finish(request: pytest.FixtureRequest, work_dir: Path, plane: ControlPlane) -> None:
     """Keep the logs (and etcd data) when a test failed; remove them otherwise."""
     if request.session.testsfailed:
-        _report(request.config, f"\ncontrol plane logs kept in {plane.log_dir}")
+        report_line(request.config, f"\ncontrol plane logs kept in {plane.log_dir}")
     else:
         shutil.rmtree(work_dir, ignore_errors=True)
 

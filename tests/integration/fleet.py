@@ -73,6 +73,30 @@ def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def small_cnn_manifest(name: str, namespace: str | None = None, **spec: Any) -> dict[str, Any]:
+    """A CompiledModel of the small example CNN with quick validation and benchmark settings;
+    `spec` adds or overrides fields (targets, fleet, registry, rollout...)."""
+    metadata: dict[str, Any] = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": metadata,
+        "spec": {
+            "source": {"uri": "python://models.small:small_cnn"},
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [-1, 3, 32, 32],
+                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
+                }
+            ],
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+            "validation": {"samples": 2},
+            **spec,
+        },
+    }
+
+
 def success_result(
     target: str,
     backend: str,

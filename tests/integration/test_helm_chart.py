@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from kompile.devcluster import ControlPlane, find_bin_dir
-from tests.integration.fleet import LOCAL_NODE, OperatorProcess, wait_for
+from tests.integration.fleet import LOCAL_NODE, OperatorProcess, small_cnn_manifest, wait_for
 from tests.integration.kubelet_standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,31 +222,13 @@ def test_chart_objects_exist(installed: dict[str, Any]) -> None:
 
 def compiled_model(name: str) -> dict[str, Any]:
     """One explicit target that only the kubelet stand-in's node matches, so the compile really runs."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "CompiledModel",
-        "metadata": {"name": name, "namespace": WATCH_NS},
-        "spec": {
-            "source": {"uri": "python://models.small:small_cnn"},
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [-1, 3, 32, 32],
-                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
-                }
-            ],
-            "targets": [
-                {
-                    "name": "avx2-ort",
-                    "backend": "onnxruntime",
-                    "precision": "fp32",
-                    "hardware": {"nodeSelector": {"feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}},
-                }
-            ],
-            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
-            "validation": {"samples": 2},
-        },
+    target = {
+        "name": "avx2-ort",
+        "backend": "onnxruntime",
+        "precision": "fp32",
+        "hardware": {"nodeSelector": {"feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}},
     }
+    return small_cnn_manifest(name, WATCH_NS, targets=[target])
 
 
 def test_operator_with_chart_credentials_reaches_ready(installed: dict[str, Any]) -> None:

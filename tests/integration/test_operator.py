@@ -22,6 +22,7 @@ from tests.integration.fleet import (
     KwokReporter,
     OperatorProcess,
     kwok_node,
+    small_cnn_manifest,
     success_result,
     wait_for,
 )
@@ -80,25 +81,7 @@ def fleet(
 
 
 def manifest(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "CompiledModel",
-        "metadata": {"name": name},
-        "spec": {
-            "source": {"uri": "python://models.small:small_cnn"},
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [-1, 3, 32, 32],
-                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
-                }
-            ],
-            "fleet": {"enabled": True, "precisions": ["fp32"]},
-            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
-            "validation": {"samples": 2},
-            **spec,
-        },
-    }
+    return small_cnn_manifest(name, **{"fleet": {"enabled": True, "precisions": ["fp32"]}, **spec})
 
 
 def get(f: dict[str, Any], name: str) -> dict[str, Any]:

@@ -18,7 +18,13 @@ from mlflow import MlflowClient
 
 from kompile.artifact_store import join, write_bytes
 from kompile.devcluster import ControlPlane
-from tests.integration.fleet import KwokReporter, OperatorProcess, success_result, wait_for
+from tests.integration.fleet import (
+    KwokReporter,
+    OperatorProcess,
+    small_cnn_manifest,
+    success_result,
+    wait_for,
+)
 from tests.integration.kubelet_standin import KubeletStandIn
 from tests.support.kserve import KServeControllerStandIn, install_crd
 from tests.support.servers import MlflowServer, S3Server
@@ -80,31 +86,14 @@ def e2e(
 
 
 def manifest(name: str, mlflow_uri: str, endpoint: str, targets: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "CompiledModel",
-        "metadata": {"name": name},
-        "spec": {
-            "source": {"uri": "python://models.small:small_cnn"},
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [-1, 3, 32, 32],
-                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
-                }
-            ],
-            "targets": targets,
-            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
-            "validation": {"samples": 2},
-            "registry": {
-                "trackingUri": mlflow_uri,
-                "artifactStore": f"s3://{BUCKET}/store",
-                "s3Endpoint": endpoint,
-                "credentialsSecret": {"name": "s3-creds"},
-                "modelName": f"{name}-model",
-            },
-        },
+    registry = {
+        "trackingUri": mlflow_uri,
+        "artifactStore": f"s3://{BUCKET}/store",
+        "s3Endpoint": endpoint,
+        "credentialsSecret": {"name": "s3-creds"},
+        "modelName": f"{name}-model",
     }
+    return small_cnn_manifest(name, targets=targets, registry=registry)
 
 
 CPU = {

@@ -17,7 +17,7 @@ import pytest
 from tests.support.servers import MlflowServer, S3Server
 
 
-def _report(config: pytest.Config, line: str) -> None:
+def report_line(config: pytest.Config, line: str) -> None:
     """A line on the terminal even under output capture (a session fixture has no test to show it)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
@@ -33,13 +33,13 @@ def s3_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     server = S3Server(tmp_path_factory.mktemp("s3-server"))
     server.start()  # on failure it raises with the log's tail
     took = f"{server.startup_seconds:.2f}s"
-    _report(request.config, f"\nS3 server (versitygw) at {server.endpoint} up in {took}")
+    report_line(request.config, f"\nS3 server (versitygw) at {server.endpoint} up in {took}")
     try:
         yield server
     finally:
         server.stop()
         if request.session.testsfailed:
-            _report(request.config, f"\nS3 server log kept in {server.log_path}")
+            report_line(request.config, f"\nS3 server log kept in {server.log_path}")
 
 
 @pytest.fixture(scope="session")
@@ -49,13 +49,15 @@ def mlflow_server(
     """A started `mlflow server` (SQLite store) whose artifacts land in s3://mlflow/mlflow of s3_server."""
     server = MlflowServer(s3_server, tmp_path_factory.mktemp("mlflow-server"))
     server.start()
-    _report(request.config, f"\nMLflow server at {server.tracking_uri} up in {server.startup_seconds:.1f}s")
+    report_line(
+        request.config, f"\nMLflow server at {server.tracking_uri} up in {server.startup_seconds:.1f}s"
+    )
     try:
         yield server
     finally:
         server.stop()
         if request.session.testsfailed:
-            _report(request.config, f"\nMLflow server log kept in {server.log_path}")
+            report_line(request.config, f"\nMLflow server log kept in {server.log_path}")
 
 
 @pytest.fixture

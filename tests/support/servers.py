@@ -99,8 +99,13 @@ class _Process:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def exit_status(self) -> int | None:
@@ -155,8 +160,13 @@ def _wait_unreaped(pid: int, timeout: float) -> None:
 
 
 def _start_on_free_port(
-    name: str, argv_for: Callable[[int], list[str]], env: Mapping[str, str], log_path: Path, cwd: Path,
-    health_path: str, timeout: float,
+    name: str,
+    argv_for: Callable[[int], list[str]],
+    env: Mapping[str, str],
+    log_path: Path,
+    cwd: Path,
+    health_path: str,
+    timeout: float,
 ) -> tuple[_Process, int]:
     """Start a server on a free loopback port and wait until it answers; retry a port lost to a race."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -212,8 +222,17 @@ class S3Server:
         }
 
         def argv(port: int) -> list[str]:
-            return [str(versitygw), "--port", f"127.0.0.1:{port}", "--region", self.region,
-                    "--health", "/health", "posix", str(self.data_dir)]
+            return [
+                str(versitygw),
+                "--port",
+                f"127.0.0.1:{port}",
+                "--region",
+                self.region,
+                "--health",
+                "/health",
+                "posix",
+                str(self.data_dir),
+            ]
 
         self._proc, self.port = _start_on_free_port(
             "versitygw", argv, env, self.log_path, self.work_dir, "/health", self.timeout
@@ -244,8 +263,11 @@ class S3Server:
         import boto3
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=self.region,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
         )
 
     def create_bucket(self, name: str) -> str:
@@ -275,8 +297,13 @@ class MlflowServer:
     """
 
     def __init__(
-        self, s3: S3Server | None = None, work_dir: Path | None = None, *, bucket: str = "mlflow",
-        python: str | None = None, timeout: float = 240.0,
+        self,
+        s3: S3Server | None = None,
+        work_dir: Path | None = None,
+        *,
+        bucket: str = "mlflow",
+        python: str | None = None,
+        timeout: float = 240.0,
     ) -> None:
         self.s3 = s3
         self.work_dir = Path(tempfile.mkdtemp(prefix="kompile-mlflow-")) if work_dir is None else work_dir
@@ -313,10 +340,22 @@ class MlflowServer:
         )
 
         def argv(port: int) -> list[str]:
-            return [python, "-m", "mlflow", "server",
-                    "--backend-store-uri", f"sqlite:///{self.db_path}",
-                    "--artifacts-destination", self.artifacts_destination,
-                    "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+            return [
+                python,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{self.db_path}",
+                "--artifacts-destination",
+                self.artifacts_destination,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ]
 
         # cwd: anything the server writes relative to it lands in the work dir, not the repository.
         self._proc, self.port = _start_on_free_port(

@@ -7,7 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
-from kompile.compile_jobs.benchmark import latency_stats, rotating_orders, set_threads, time_interleaved
+from kompile.compile_jobs.benchmark import (
+    QuietRounds,
+    foreign_cpu_seconds,
+    latency_stats,
+    rotating_orders,
+    set_threads,
+    time_interleaved,
+)
 
 
 class FakeClock:
@@ -64,6 +71,33 @@ def test_pause_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
     stats = time_interleaved({"a": clock.fn([2.0] * 4, calls, "a")}, 1, 0, 4, clock=clock, pause_s=0.01)
     assert sleeps == [0.01] * 4
     assert stats["a"].p50_ms == pytest.approx(2.0)
+
+
+def test_disturbed_rounds_are_dropped_whole() -> None:
+    clock = FakeClock()
+    calls: list[str] = []
+    # The probe is read before and after each round; rounds 2 and 4 see other processes at work.
+    readings = iter([0, 0, 0, 5, 5, 5, 5, 9, 9, 9])
+    quiet = QuietRounds(max_foreign_cores=0.5, probe=lambda: float(next(readings)))
+    fns = {"a": clock.fn([1.0, 2.0, 3.0, 4.0, 5.0], calls, "a")}
+    stats = time_interleaved(fns, 1, 0, 3, clock=clock, quiet=quiet)
+    assert quiet.discarded == 2
+    assert stats["a"].p50_ms == pytest.approx(3.0)  # rounds 1, 3 and 5 kept
+    assert len(calls) == 5
+
+
+def test_quiet_rounds_give_up_and_keep_the_least_disturbed() -> None:
+    clock = FakeClock()
+    calls: list[str] = []
+    readings = iter(range(0, 1000, 1))  # every round disturbed alike
+    quiet = QuietRounds(max_foreign_cores=0.0, max_rounds_factor=2.0, probe=lambda: float(next(readings)))
+    time_interleaved({"a": clock.fn([1.0] * 10, calls, "a")}, 1, 0, 3, clock=clock, quiet=quiet)
+    assert len(calls) == 6 and quiet.discarded == 3
+
+
+def test_foreign_cpu_probe_reads_linux_counters() -> None:
+    value = foreign_cpu_seconds()
+    assert value is None or value >= 0.0
 
 
 def test_rotating_orders_lead_equally() -> None:
