@@ -25,15 +25,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
-from kompile.api.spec import Target  # noqa: E402
+from kompile.api.spec import Precision, Quantization, Target  # noqa: E402
 from kompile.compile_jobs.backends.base import CompileRequest, Feeds, Runner, get_backend  # noqa: E402
-from kompile.compile_jobs.benchmark import set_threads, time_interleaved  # noqa: E402
+from kompile.compile_jobs.benchmark import QuietRounds, set_threads, time_interleaved  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 
 Array = np.ndarray[Any, Any]
 SEQ = 128
 # (target name, precision, quantization): the artifacts built for every model.
-ARTIFACTS = [
+ARTIFACTS: list[tuple[str, Precision, Quantization | None]] = [
     ("ort-fp32", "fp32", None),
     ("ort-int8-dynamic", "int8", "dynamic"),
     ("ort-int8-static", "int8", "static"),
@@ -190,17 +190,20 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
         }
         callers[name] = partial(runner_call, runner)
     report["runtimes"] = runtimes
-    report["latency"] = {}
+    report["latency"], report["discarded_rounds"] = {}, {}
     for batch in args.batch_sizes:
         feeds = case.make(np.random.default_rng(batch), batch)
+        fns = {n: c(feeds) for n, c in callers.items()}
+        quiet = QuietRounds(max_foreign_cores=args.max_foreign_cores) if args.max_foreign_cores >= 0 else None
         stats = time_interleaved(
-            {n: c(feeds) for n, c in callers.items()}, batch, args.warmup, args.iterations
+            fns, batch, args.warmup, args.iterations, pause_s=args.pause_ms / 1000, quiet=quiet
         )
         eager_p50 = stats["eager"].p50_ms
         report["latency"][str(batch)] = {
             n: {**s.model_dump(exclude={"batch_size"}), "speedup": round(eager_p50 / s.p50_ms, 3)}
             for n, s in stats.items()
         }
+        report["discarded_rounds"][str(batch)] = quiet.discarded if quiet else 0
     report["best"] = best_validated(report)
     return report
 
@@ -241,6 +244,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=20, help="timed rounds per batch size")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--pause-ms", type=float, default=20.0, help="idle time before each timed call")
+    p.add_argument(
+        "--max-foreign-cores",
+        type=float,
+        default=0.25,
+        help="drop rounds during which other processes used more CPU than this (negative: keep all)",
+    )
     p.add_argument("--samples", type=int, default=4, help="reference inputs (batch 2 each) to validate on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="default: every core this process may use")

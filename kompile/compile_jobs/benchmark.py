@@ -47,7 +47,9 @@ def foreign_cpu_seconds() -> float | None:
     """CPU seconds used so far by everything but this process (Linux /proc/stat; None elsewhere)."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (
+                int(v) for v in f.readline().split()[1:9]
+            )
     except (OSError, ValueError):
         return None
     busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
@@ -78,6 +80,7 @@ def time_interleaved(
     clock: Clock = time.perf_counter_ns,
     pause_s: float = 0.0,
     quiet: QuietRounds | None = None,
+    settle: int = 0,
 ) -> dict[str, LatencyStats]:
     """Time each fn over `iterations` rounds; every round calls each fn once, in rotating order.
 
@@ -88,8 +91,10 @@ def time_interleaved(
 
     `pause_s` of idle time before each timed call (not counted) lets the previous runtime's
     spinning worker threads (ONNX Runtime's pool, OpenMP) go to sleep, so they do not steal
-    cores from the next runtime and bias its figure. `quiet` drops rounds that other processes
-    disturbed; a whole round goes, so every fn keeps the same rounds.
+    cores from the next runtime and bias its figure; `settle` untimed calls right before each
+    timed one wake this runtime's own pool, so every timed call sees the runtime in the steady
+    state a server keeps it in. `quiet` drops rounds that other processes disturbed; a whole
+    round goes, so every fn keeps the same rounds.
     """
     if iterations < 1:
         raise ValueError("iterations must be at least 1")
@@ -97,28 +102,47 @@ def time_interleaved(
     for name in names:
         for _ in range(warmup):
             fns[name]()
+    limit = quiet.max_foreign_cores if quiet else float("inf")
+    probe = quiet.probe if quiet else _no_probe
     max_rounds = max(iterations, int(iterations * quiet.max_rounds_factor)) if quiet else iterations
     rounds: list[tuple[float, dict[str, int]]] = []  # (foreign cores during the round, latencies)
     for order in rotating_orders(names, max_rounds):
-        before, wall = (quiet.probe() if quiet else None), time.perf_counter()
-        durations: dict[str, int] = {}
-        for name in order:
-            if pause_s:
-                time.sleep(pause_s)
-            start = clock()
-            fns[name]()
-            durations[name] = clock() - start
-        after = quiet.probe() if quiet else None
-        load = (after - before) / max(time.perf_counter() - wall, 1e-9) if after is not None and before is not None else 0.0
-        rounds.append((load, durations))
-        if not quiet or sum(1 for lo, _ in rounds if lo <= quiet.max_foreign_cores) >= iterations:
-            break_early = len(rounds) >= iterations
-            if break_early:
-                break
-    kept = sorted(rounds, key=lambda r: r[0])[:iterations]
+        rounds.append(_timed_round(fns, order, clock, pause_s, settle, probe))
+        if sum(1 for load, _ in rounds if load <= limit) >= iterations:
+            break
+    kept = sorted(rounds, key=lambda r: r[0])[:iterations]  # stable: no probe keeps them all, in order
     if quiet:
         quiet.discarded += len(rounds) - len(kept)
     return {name: latency_stats([d[name] for _, d in kept], batch_size) for name in names}
+
+
+def _no_probe() -> float | None:
+    return None
+
+
+def _timed_round(
+    fns: Mapping[str, Callable[[], object]],
+    order: list[str],
+    clock: Clock,
+    pause_s: float,
+    settle: int,
+    probe: Callable[[], float | None],
+) -> tuple[float, dict[str, int]]:
+    """Latency of each fn in one round, and the cores other processes used meanwhile (0 if unknown)."""
+    before, wall = probe(), time.perf_counter()
+    durations: dict[str, int] = {}
+    for name in order:
+        if pause_s:
+            time.sleep(pause_s)
+        for _ in range(settle):
+            fns[name]()
+        start = clock()
+        fns[name]()
+        durations[name] = clock() - start
+    after = probe()
+    if before is None or after is None:
+        return 0.0, durations
+    return (after - before) / max(time.perf_counter() - wall, 1e-9), durations
 
 
 def rotating_orders(names: list[str], rounds: int) -> list[list[str]]:

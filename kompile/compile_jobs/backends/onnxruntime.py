@@ -14,7 +14,6 @@ Steps, each recorded in the artifact's options:
 
 from __future__ import annotations
 
-import os
 import platform
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +29,7 @@ from onnx import numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from kompile.compile_jobs.backends.base import Backend, BackendError, CompiledArtifact, CompileRequest, Feeds
+from kompile.compile_jobs.benchmark import available_cores
 
 Array = np.ndarray[Any, Any]
 
@@ -376,13 +376,6 @@ def cpu_features() -> str:
     return ",".join(w for w in wanted if w in flags) or platform.machine()
 
 
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 class OrtRunner:
     """An InferenceSession on the artifact file with pinned threads."""
 
@@ -445,7 +438,7 @@ class OnnxRuntimeBackend(Backend):
         model = load_checked(request.onnx_path)
         work = request.out_dir / "work"
         work.mkdir(parents=True, exist_ok=True)
-        threads = int(opts["intraOpThreads"]) or request.threads or default_threads()
+        threads = int(opts["intraOpThreads"]) or request.threads or available_cores()
         model_type = detect_model_type(model) if opts["modelType"] == "auto" else opts["modelType"]
         record = {
             "precision": target.precision,
@@ -484,7 +477,7 @@ class OnnxRuntimeBackend(Backend):
 
     def load(self, artifact: CompiledArtifact, threads: int | None = None) -> OrtRunner:
         recorded = artifact.options.get("intraOpThreads", "")
-        intra = threads or (int(recorded) if recorded.isdigit() else default_threads())
+        intra = threads or (int(recorded) if recorded.isdigit() else available_cores())
         inter = artifact.options.get("interOpThreads", "1")
         return OrtRunner(artifact.model_path, intra, int(inter) if inter.isdigit() else 1)
 
