@@ -196,7 +196,13 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
         fns = {n: c(feeds) for n, c in callers.items()}
         quiet = QuietRounds(max_foreign_cores=args.max_foreign_cores) if args.max_foreign_cores >= 0 else None
         stats = time_interleaved(
-            fns, batch, args.warmup, args.iterations, pause_s=args.pause_ms / 1000, quiet=quiet
+            fns,
+            batch,
+            args.warmup,
+            args.iterations,
+            pause_s=args.pause_ms / 1000,
+            quiet=quiet,
+            settle=args.settle,
         )
         eager_p50 = stats["eager"].p50_ms
         report["latency"][str(batch)] = {
@@ -243,7 +249,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,8", type=lambda s: [int(b) for b in s.split(",")])
     p.add_argument("--iterations", type=int, default=20, help="timed rounds per batch size")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--pause-ms", type=float, default=20.0, help="idle time before each timed call")
+    # ONNX Runtime's idle workers spin for 20-50 ms and slow whatever runs next: wait them out.
+    p.add_argument("--pause-ms", type=float, default=100.0, help="idle time before each timed call")
+    p.add_argument("--settle", type=int, default=1, help="untimed calls right before each timed one")
     p.add_argument(
         "--max-foreign-cores",
         type=float,

@@ -142,10 +142,21 @@ def test_bert_tiny_fuses_and_quantizes(
     target = Target(name="cpu", backend="onnxruntime", precision=precision, quantization=quantization)
     options = _build_and_check(backend, bert, tmp_path, target)
     assert options["modelType"] == "bert"
-    assert "Attention=2" in options["fusedOps"] and "SkipLayerNormalization" in options["fusedOps"]
+    assert "Attention=2" in options["fusedOps"] and "EmbedLayerNormalization=1" in options["fusedOps"]
+    # Add + LayerNormalization stays unfused: the CPU SkipLayerNormalization kernel is slower.
+    assert "SkipLayerNormalization" not in options["fusedOps"]
+    assert options["disabledOptimizers"] == "SkipLayerNormFusion"
     assert (options["numHeads"], options["hiddenSize"], options["attentionMask"]) == ("2", "128", "raw")
+    gelu = "FastGelu=2" if precision == "int8" else "BiasGelu=2"  # tanh GELU only where int8 rounds anyway
+    assert gelu in options["fusedOps"] and options["geluApproximation"] == str(precision == "int8").lower()
     if precision == "int8":
         assert options["quantization"] == "dynamic"  # the transformer default
+
+
+def test_skip_layer_norm_on_request(backend: OnnxRuntimeBackend, bert: Any, tmp_path: Path) -> None:
+    target = Target(name="cpu", backend="onnxruntime", options={"skipLayerNorm": "true"})
+    options = _build_and_check(backend, bert, tmp_path, target)
+    assert "SkipLayerNormalization=4" in options["fusedOps"] and options["disabledOptimizers"] == ""
 
 
 def test_bert_tiny_static_int8(backend: OnnxRuntimeBackend, bert: Any, tmp_path: Path) -> None:
