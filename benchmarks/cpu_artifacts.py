@@ -147,71 +147,97 @@ def validation_figures(
     }
 
 
+Caller = Callable[[Feeds], Callable[[], object]]
+
+
 def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
+    """Export, build every runtime, validate each against eager, then time them all interleaved."""
     model = build(case)
     onnx_path = work / f"{case.name}.onnx"
     report: dict[str, Any] = {"model": case.name, "export_s": round(export(case, model, onnx_path), 2)}
     rng = np.random.default_rng(args.seed)
-    reference_feeds = [case.make(rng, 2) for _ in range(args.samples)]
-    reference = [[torch_call(model, f)()] for f in reference_feeds]
+    feeds = [case.make(rng, 2) for _ in range(args.samples)]
+    reference = [[torch_call(model, f)()] for f in feeds]
     runtimes: dict[str, dict[str, Any]] = {"eager": {}}
-    callers: dict[str, Callable[[Feeds], Callable[[], object]]] = {"eager": lambda f: torch_call(model, f)}
+    callers: dict[str, Caller] = {"eager": partial(torch_call, model)}
     if args.torch_compile:
-        import torch
+        add_torch_compile(model, case, feeds, reference, runtimes, callers)
+    add_artifacts(onnx_path, work / case.name, threads, feeds, reference, runtimes, callers)
+    report["runtimes"] = runtimes
+    report["latency"], report["discarded_rounds"] = {}, {}
+    for batch in args.batch_sizes:
+        stats, discarded = time_batch(case, callers, batch, args)
+        report["latency"][str(batch)] = stats
+        report["discarded_rounds"][str(batch)] = discarded
+    report["best"] = best_validated(report)
+    return report
 
-        compiled = torch.compile(model)
-        start = time.perf_counter()
-        cand = [[torch_call(compiled, f)()] for f in reference_feeds]
-        runtimes["torch.compile"] = {
-            "compile_s": round(time.perf_counter() - start, 2),
-            "validation": validation_figures(reference, cand, [case.output], "fp32"),
-        }
-        callers["torch.compile"] = lambda f: torch_call(compiled, f)
+
+def add_torch_compile(
+    model: Any,
+    case: ModelCase,
+    feeds: list[Feeds],
+    reference: list[list[Array]],
+    runtimes: dict[str, dict[str, Any]],
+    callers: dict[str, Caller],
+) -> None:
+    import torch
+
+    compiled = torch.compile(model)
+    start = time.perf_counter()  # first calls compile; a new batch size recompiles during warm-up
+    cand = [[torch_call(compiled, f)()] for f in feeds]
+    runtimes["torch.compile"] = {
+        "compile_s": round(time.perf_counter() - start, 2),
+        "validation": validation_figures(reference, cand, [case.output], "fp32"),
+    }
+    callers["torch.compile"] = partial(torch_call, compiled)
+
+
+def add_artifacts(
+    onnx_path: Path,
+    out: Path,
+    threads: int,
+    feeds: list[Feeds],
+    reference: list[list[Array]],
+    runtimes: dict[str, dict[str, Any]],
+    callers: dict[str, Caller],
+) -> None:
+    """Build, load and validate each ONNX Runtime artifact (the reference inputs calibrate static int8)."""
     backend = get_backend("onnxruntime")
     for name, precision, quantization in ARTIFACTS:
         target = Target(name=name, backend="onnxruntime", precision=precision, quantization=quantization)
         start = time.perf_counter()
-        artifact = backend.compile(
-            CompileRequest(
-                onnx_path=onnx_path,
-                out_dir=work / case.name / name,
-                target=target,
-                signature=[],
-                calibration=reference_feeds,
-                threads=threads,
-            )
+        request = CompileRequest(
+            onnx_path, out / name, target, signature=[], calibration=feeds, threads=threads
         )
+        artifact = backend.compile(request)
         runner = backend.load(artifact, threads)
-        cand = [runner.run(f) for f in reference_feeds]
+        cand = [runner.run(f) for f in feeds]
         runtimes[name] = {
             "compile_s": round(time.perf_counter() - start, 2),
             "options": artifact.options,
             "validation": validation_figures(reference, cand, runner.output_names, precision),
         }
         callers[name] = partial(runner_call, runner)
-    report["runtimes"] = runtimes
-    report["latency"], report["discarded_rounds"] = {}, {}
-    for batch in args.batch_sizes:
-        feeds = case.make(np.random.default_rng(batch), batch)
-        fns = {n: c(feeds) for n, c in callers.items()}
-        quiet = QuietRounds(max_foreign_cores=args.max_foreign_cores) if args.max_foreign_cores >= 0 else None
-        stats = time_interleaved(
-            fns,
-            batch,
-            args.warmup,
-            args.iterations,
-            pause_s=args.pause_ms / 1000,
-            quiet=quiet,
-            settle=args.settle,
-        )
-        eager_p50 = stats["eager"].p50_ms
-        report["latency"][str(batch)] = {
-            n: {**s.model_dump(exclude={"batch_size"}), "speedup": round(eager_p50 / s.p50_ms, 3)}
-            for n, s in stats.items()
-        }
-        report["discarded_rounds"][str(batch)] = quiet.discarded if quiet else 0
-    report["best"] = best_validated(report)
-    return report
+
+
+def time_batch(
+    case: ModelCase, callers: dict[str, Caller], batch: int, args: argparse.Namespace
+) -> tuple[dict[str, Any], int]:
+    """Latency figures and speedup over eager of every runtime at one batch size; rounds dropped."""
+    feeds = case.make(np.random.default_rng(batch), batch)
+    fns = {n: c(feeds) for n, c in callers.items()}
+    quiet = QuietRounds(max_foreign_cores=args.max_foreign_cores) if args.max_foreign_cores >= 0 else None
+    pause = args.pause_ms / 1000
+    stats = time_interleaved(
+        fns, batch, args.warmup, args.iterations, pause_s=pause, quiet=quiet, settle=args.settle
+    )
+    eager_p50 = stats["eager"].p50_ms
+    figures = {
+        n: {**s.model_dump(exclude={"batch_size"}), "speedup": round(eager_p50 / s.p50_ms, 3)}
+        for n, s in stats.items()
+    }
+    return figures, quiet.discarded if quiet else 0
 
 
 def best_validated(report: dict[str, Any]) -> dict[str, Any]:
@@ -283,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                 "iterations": args.iterations,
                 "warmup": args.warmup,
                 "seq_len": SEQ,
+                "pause_ms": args.pause_ms,
+                "settle_calls": args.settle,
+                "max_foreign_cores": args.max_foreign_cores,
                 "speedup": "eager p50 / runtime p50, interleaved rounds in one run",
             },
             "models": [run_case(CASES[m], args, work, threads) for m in args.models.split(",")],

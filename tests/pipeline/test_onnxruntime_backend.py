@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
-from kompile.api.spec import Target  # noqa: E402
+from kompile.api.spec import Precision, Quantization, Target  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, CompileRequest, Feeds, get_backend  # noqa: E402
 from kompile.compile_jobs.backends.onnxruntime import (  # noqa: E402
     OnnxRuntimeBackend,
@@ -25,6 +27,9 @@ from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E
 
 Array = np.ndarray[Any, Any]
 SEQ = 32
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:  # the example factories live in examples/models
+    sys.path.insert(0, str(EXAMPLES))
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,8 @@ def backend() -> OnnxRuntimeBackend:
 
 def _export(model: Any, feeds: Feeds, path: Path, dynamic: dict[str, dict[int, str]], output: str) -> Path:
     args = tuple(torch.from_numpy(a) for a in feeds.values())
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
         torch.onnx.export(
             model,
             args,
@@ -123,8 +129,8 @@ def test_small_cnn(
     backend: OnnxRuntimeBackend,
     cnn: Any,
     tmp_path: Path,
-    precision: str,
-    quantization: str | None,
+    precision: Precision,
+    quantization: Quantization | None,
     expected: str | None,
 ) -> None:
     target = Target(name="cpu", backend="onnxruntime", precision=precision, quantization=quantization)
@@ -137,7 +143,11 @@ def test_small_cnn(
 
 @pytest.mark.parametrize(("precision", "quantization"), [("fp32", None), ("int8", "dynamic"), ("int8", None)])
 def test_bert_tiny_fuses_and_quantizes(
-    backend: OnnxRuntimeBackend, bert: Any, tmp_path: Path, precision: str, quantization: str | None
+    backend: OnnxRuntimeBackend,
+    bert: Any,
+    tmp_path: Path,
+    precision: Precision,
+    quantization: Quantization | None,
 ) -> None:
     target = Target(name="cpu", backend="onnxruntime", precision=precision, quantization=quantization)
     options = _build_and_check(backend, bert, tmp_path, target)

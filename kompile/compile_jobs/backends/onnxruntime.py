@@ -14,6 +14,7 @@ Steps, each recorded in the artifact's options (defaults chosen by measurement o
   runner, which loads at `all`, redoes them on the node that serves (loading at extended instead
   cost ResNet-50 40% in fp32 and 30% in int8).
 """
+
 from __future__ import annotations
 
 import platform
