@@ -35,7 +35,8 @@ def job_name(cm_name: str, uid: str, generation: int, target: str) -> str:
     return f"{stem}-{digest}"
 
 
-def _label_value(text: str) -> str:
+def label_value(text: str) -> str:
+    """A string made safe for a label value (63 characters, alphanumeric at both ends)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
 
 
@@ -93,11 +94,11 @@ def build_job(
     uid = cm.metadata.uid or ""
     generation = cm.metadata.generation or 0
     labels = {
-        LABEL_NAME: _label_value(cm.metadata.name),
+        LABEL_NAME: label_value(cm.metadata.name),
         LABEL_UID: uid,
         LABEL_GENERATION: str(generation),
-        LABEL_TARGET: _label_value(rt.name),
-        LABEL_CLASS: _label_value(rt.hardware_class),
+        LABEL_TARGET: label_value(rt.name),
+        LABEL_CLASS: label_value(rt.hardware_class),
         "app.kubernetes.io/managed-by": "kompile",
     }
     container: dict[str, Any] = {

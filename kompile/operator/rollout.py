@@ -33,7 +33,7 @@ from kompile.api.resource import CompiledModel
 from kompile.api.spec import Rollout, RolloutGate
 from kompile.api.status import TargetStatus
 from kompile.operator.fleet import GPU_RESOURCE
-from kompile.operator.jobs import LABEL_CLASS, LABEL_NAME, LABEL_TARGET, owner_reference
+from kompile.operator.jobs import LABEL_CLASS, LABEL_NAME, LABEL_TARGET, label_value, owner_reference
 from kompile.operator.rollout_state import (
     MODE_ANNOTATION,
     SERVERLESS_MODES,
@@ -181,10 +181,6 @@ def _resources(rt: ResolvedTarget) -> dict[str, Any]:
     return res
 
 
-def _label(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
-
-
 def inference_service(
     cm: CompiledModel,
     rt: ResolvedTarget,
@@ -239,8 +235,8 @@ def inference_service(
         "name": name,
         "labels": {
             LABEL_NAME: cm.metadata.name,
-            LABEL_TARGET: _label(winner.name),
-            LABEL_CLASS: _label(rt.hardware_class),
+            LABEL_TARGET: label_value(winner.name),
+            LABEL_CLASS: label_value(rt.hardware_class),
             **MANAGED_BY,
         },
         "annotations": {MODE_ANNOTATION: mode, DIGEST_ANNOTATION: winner.artifact.digest},
