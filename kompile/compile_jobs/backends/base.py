@@ -46,6 +46,9 @@ class CompileRequest:
     threads: int | None = None
     module: Any = None
     """The eager torch module, for backends that compile from PyTorch rather than ONNX."""
+    device: str = "cpu"
+    """cpu or cuda: the device of the hardware class the artifact is built for (one of the
+    backend's `devices`)."""
 
 
 @dataclass
@@ -80,7 +83,12 @@ class Backend(ABC):
     name: ClassVar[str]
     precisions: ClassVar[frozenset[str]]
     device: ClassVar[str]
-    """cpu or cuda: what hardware class the artifact runs on."""
+    """cpu or cuda: the device the backend builds for when the hardware class does not say."""
+    devices: ClassVar[frozenset[str]] = frozenset()
+    """Every device the backend can build for; empty means only `device`."""
+
+    def supports_device(self, device: str) -> bool:
+        return device in (self.devices or frozenset({self.device}))
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run here, or None when it can."""
@@ -95,8 +103,8 @@ class Backend(ABC):
         """Build the artifact. Raises BackendError with a message that says what to change."""
 
     @abstractmethod
-    def load(self, artifact: CompiledArtifact, threads: int | None = None) -> Runner:
-        """A runner for the built artifact file."""
+    def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> Runner:
+        """A runner for the built artifact file, on `device` (the request's)."""
 
 
 def get_backend(name: str) -> Backend:

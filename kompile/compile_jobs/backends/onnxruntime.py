@@ -474,7 +474,7 @@ class OnnxRuntimeBackend(Backend):
             },
         )
 
-    def load(self, artifact: CompiledArtifact, threads: int | None = None) -> OrtRunner:
+    def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> OrtRunner:
         recorded = artifact.options.get("intraOpThreads", "")
         intra = threads or (int(recorded) if recorded.isdigit() else available_cores())
         inter = artifact.options.get("interOpThreads", "1")
