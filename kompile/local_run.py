@@ -12,7 +12,7 @@ from rich.status import Status
 from rich.table import Table
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import CompiledModelStatus, TargetStatus
+from kompile.api.status import CandidateStatus, CompiledModelStatus, TargetStatus
 from kompile.artifact_store import StoreError, is_s3, join, put_tree
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
@@ -179,4 +179,31 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
             verdict,
             t.registered_version or "-",
         )
+        for c in t.candidates:
+            table.add_row(*_candidate_row(c))
+    if any(t.selection and t.selection.message for t in status.targets):
+        table.caption = "\n".join(
+            f"{t.name}: {t.selection.message}" for t in status.targets if t.selection and t.selection.message
+        )
     return table
+
+
+def _candidate_row(c: CandidateStatus) -> list[str]:
+    """A candidate under its target: indented, and marked when it won."""
+    if c.selected:
+        verdict = "[bold green]selected[/]"
+    elif c.phase == "Succeeded":
+        verdict = "validated"
+    else:
+        verdict = f"[dim]{c.reason or c.phase}[/]"
+    return [
+        f"  └ {c.name}",
+        c.backend,
+        c.precision,
+        f"{c.latency[0].p50_ms:.2f}" if c.latency else "-",
+        f"{c.speedup:.2f}x" if c.speedup else "-",
+        f"{c.max_abs_error:.2e}" if c.max_abs_error is not None else "-",
+        f"{c.min_cosine:.5f}" if c.min_cosine is not None else "-",
+        verdict,
+        "",
+    ]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import CompiledModelStatus, RegistryStatus, TargetStatus
+from kompile.api.status import CandidateStatus, CompiledModelStatus, RegistryStatus, TargetStatus
 
 DEFAULT_TRACKING_URI = "sqlite:///.kompile/mlflow.db"
 
@@ -189,6 +189,8 @@ def _record_target(
         client.log_text(run_id, json.dumps(t.to_wire(), indent=2), "result.json")
         if rec.model_dir is not None:
             client.log_artifacts(run_id, str(rec.model_dir), artifact_path=f"model/{rec.model_dir.name}")
+        for c in t.candidates:
+            _record_candidate(client, exp_id, run_id, t, c)
     finally:
         client.set_terminated(run_id)
     if t.artifact is None:
@@ -206,6 +208,47 @@ def _record_target(
     t.registered_version = str(version.version)
     if alias_validated and t.validation is not None and t.validation.passed:
         client.set_registered_model_alias(name, alias_for(t.name), version.version)
+
+
+def _record_candidate(client: Any, exp_id: str, target_run: str, t: TargetStatus, c: CandidateStatus) -> None:
+    """A child run under the target's run per candidate, so the MLflow UI compares them side by side."""
+    from mlflow.entities import Metric, Param
+
+    tags = {
+        "mlflow.parentRunId": target_run,
+        "kompile.target": t.name,
+        "kompile.candidate": c.name,
+        "kompile.backend": c.backend,
+        "kompile.precision": c.precision,
+        "kompile.phase": c.phase,
+        "kompile.selected": str(c.selected).lower(),
+        "kompile.reason": c.reason or "",
+    }
+    run = client.create_run(exp_id, run_name=f"{t.name}/{c.name}", tags={k: v for k, v in tags.items() if v})
+    now = int(time.time() * 1000)
+    metrics = {
+        "speedup": c.speedup,
+        "compile_seconds": c.compile_seconds,
+        "max_abs_error": c.max_abs_error,
+        "min_cosine": c.min_cosine,
+        **{f"p50_ms_b{lat.batch_size}": lat.p50_ms for lat in c.latency},
+        **{f"throughput_b{lat.batch_size}": lat.throughput for lat in c.latency},
+    }
+    params = {
+        "backend": c.backend,
+        "precision": c.precision,
+        **{f"option.{k}": v for k, v in (c.options or {}).items()},
+    }
+    try:
+        client.log_batch(
+            run.info.run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None],
+            params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+        )
+        if c.message:
+            client.log_text(run.info.run_id, c.message, "message.txt")
+    finally:
+        client.set_terminated(run.info.run_id)
 
 
 def set_alias(tracking_uri: str, model_name: str, alias: str, version: str) -> None:

@@ -40,6 +40,10 @@ def cache_key(
         "validation": validation.to_wire(),
         "model": model_name,
     }
+    if target.candidates or target.selection:
+        # Only multi-candidate targets carry these, so single-backend keys stay as they were.
+        doc["candidates"] = [c.to_wire() for c in target.candidates or []]
+        doc["selection"] = target.selection.to_wire() if target.selection else None
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:40]
 

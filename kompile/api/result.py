@@ -21,13 +21,32 @@ def compact_result(target: TargetStatus, source_digest: str | None, backend_vers
     }
     t = doc["target"]
     t.pop("conditions", None)
+    cands: list[dict[str, Any]] = t.get("candidates", [])
+    validation: dict[str, Any] = t.get("validation") or {}
+
+    def each(key: str, fn: Callable[[Any], Any]) -> None:
+        for c in cands:
+            if key in c:
+                c[key] = fn(c[key])
+
+    def trim(d: dict[str, Any], key: str, fn: Callable[[Any], Any]) -> None:
+        if d.get(key) is not None:
+            d[key] = fn(d[key])
+
+    # Detail goes first; candidates keep their verdict and first-batch figures longest, since
+    # they say why the winner won.
     shrinkers: list[Callable[[], object]] = [
         lambda: t.pop("eagerLatency", None),
-        lambda: t.get("validation", {}).get("thresholds") and t["validation"].pop("thresholds"),
-        lambda: t.get("validation", {}).pop("outputs", None),
-        lambda: t.__setitem__("latency", t.get("latency", [])[:1]),
-        lambda: t.__setitem__("message", (t.get("message") or "")[-1000:]),
-        lambda: t.get("validation", {}).pop("failures", None),
+        lambda: each("options", lambda _: None),
+        lambda: each("latency", lambda lat: lat[:1]),
+        lambda: each("message", lambda m: m[-200:]),
+        lambda: validation.pop("thresholds", None),
+        lambda: validation.pop("outputs", None),
+        lambda: trim(t, "latency", lambda lat: lat[:1]),
+        lambda: trim(t, "message", lambda m: m[-1000:]),
+        lambda: validation.pop("failures", None),
+        lambda: each("message", lambda _: None),
+        lambda: trim(t.get("selection") or {}, "message", lambda m: m[:300]),
     ]
     text = json.dumps(doc, separators=(",", ":"))
     for shrink in shrinkers:

@@ -15,6 +15,10 @@ from pydantic import Field, model_validator
 from kompile.api.base import ApiModel
 
 Backend = Literal["onnxruntime", "tensorrt", "inductor"]
+# auto: the hardware class's default candidates (CPU: onnxruntime and inductor; GPU: tensorrt and
+# inductor), each compiled, validated and timed; the fastest validated one is the target's result.
+TargetBackend = Literal["auto", "onnxruntime", "tensorrt", "inductor"]
+SelectionPolicy = Literal["minLatency", "maxThroughput"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 SourceFormat = Literal["auto", "pt2", "torchscript", "onnx", "mlflow", "python"]
@@ -217,6 +221,88 @@ class Tolerances(ApiModel):
     top_k: int | None = Field(default=None, ge=1, le=100, description="k for top-k agreement.")
 
 
+class Candidate(ApiModel):
+    """One way to build a target: a backend at a precision with options. Compiled, validated and
+    timed beside the target's other candidates."""
+
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule(
+                    "!has(self.quantization) || !has(self.precision) || self.precision == 'int8'",
+                    "quantization applies only to precision int8",
+                    ".quantization",
+                )
+            ]
+        }
+    }
+
+    name: str | None = Field(
+        default=None,
+        max_length=NAME_MAX,
+        pattern=DNS_LABEL_PATTERN,
+        description="Candidate name, unique in the target; default <backend>-<precision>.",
+    )
+    backend: Backend = Field(description="Compiler that builds this candidate.")
+    precision: Precision | None = Field(
+        default=None, description="Precision of this candidate; default: the target's precision."
+    )
+    quantization: Quantization | None = Field(
+        default=None, description="int8 only: dynamic (weights) or static (calibrated)."
+    )
+    options: dict[str, str] | None = Field(
+        default=None, description="Options of this candidate's backend (see docs/backends.md)."
+    )
+
+    @model_validator(mode="after")
+    def _quantization_needs_int8(self) -> Candidate:
+        if self.quantization is not None and self.precision not in (None, "int8"):
+            raise ValueError(
+                f"candidate {self.name or self.backend!r}: quantization applies only to precision int8"
+            )
+        return self
+
+
+class Selection(ApiModel):
+    """How the winner among a target's candidates is chosen (only validated candidates compete)."""
+
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule(
+                    "self.policy != 'maxThroughput' || has(self.latencyBudgetMs)",
+                    "policy maxThroughput needs latencyBudgetMs",
+                    ".latencyBudgetMs",
+                )
+            ]
+        }
+    }
+
+    policy: SelectionPolicy = Field(
+        default="minLatency",
+        description=(
+            "minLatency: lowest median latency at batchSize. maxThroughput: highest throughput at "
+            "any timed batch size whose p90 latency stays within latencyBudgetMs."
+        ),
+    )
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="minLatency: batch size compared (timed even if not in benchmark.batchSizes); "
+        "default: the first of benchmark.batchSizes.",
+    )
+    latency_budget_ms: float | None = Field(
+        default=None, gt=0, description="maxThroughput: the p90 latency a batch size must stay within."
+    )
+
+    @model_validator(mode="after")
+    def _budget(self) -> Selection:
+        if self.policy == "maxThroughput" and self.latency_budget_ms is None:
+            raise ValueError("selection policy maxThroughput needs latencyBudgetMs")
+        return self
+
+
 class Target(ApiModel):
     """One compiled artifact to produce: a backend at a precision, for one class of hardware."""
 
@@ -227,7 +313,19 @@ class Target(ApiModel):
                     "!has(self.quantization) || self.precision == 'int8'",
                     "quantization applies only to precision int8",
                     ".quantization",
-                )
+                ),
+                _rule(
+                    "!has(self.candidates) || self.backend == 'auto'",
+                    "with candidates, set backend to auto (or leave it unset): each candidate names "
+                    "its own backend",
+                    ".backend",
+                ),
+                _rule(
+                    "!has(self.candidates) || self.candidates.all(c, !has(c.name) || "
+                    "self.candidates.exists_one(d, has(d.name) && d.name == c.name))",
+                    "candidate names must be unique in a target",
+                    ".candidates",
+                ),
             ]
         }
     }
@@ -238,7 +336,13 @@ class Target(ApiModel):
         max_length=NAME_MAX,
         pattern=DNS_LABEL_PATTERN,
     )
-    backend: Backend = Field(description="Compiler that builds the artifact.")
+    backend: TargetBackend = Field(
+        default="auto",
+        description=(
+            "Compiler that builds the artifact, or auto: the hardware class's default candidates "
+            "(CPU: onnxruntime and inductor; GPU: tensorrt and inductor) that support the precision."
+        ),
+    )
     precision: Precision = Field(default="fp32", description="Numeric precision of the artifact.")
     quantization: Quantization | None = Field(
         default=None,
@@ -253,6 +357,18 @@ class Target(ApiModel):
     tolerances: Tolerances | None = Field(
         default=None, description="Validation thresholds for this target; override spec.validation."
     )
+    candidates: list[Candidate] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description=(
+            "Ways to build this target, each compiled, validated and timed; the fastest validated "
+            "one (per selection) is the target's artifact. Needs backend auto."
+        ),
+    )
+    selection: Selection | None = Field(
+        default=None, description="How the winner among candidates is chosen; default minLatency."
+    )
 
     @model_validator(mode="after")
     def _quantization_needs_int8(self) -> Target:
@@ -261,6 +377,15 @@ class Target(ApiModel):
                 f"target {self.name!r}: quantization applies only to precision int8 "
                 f"(precision is {self.precision})"
             )
+        if self.candidates and self.backend != "auto":
+            raise ValueError(
+                f"target {self.name!r}: with candidates, set backend to auto (or leave it unset): "
+                "each candidate names its own backend"
+            )
+        names = [c.name for c in self.candidates or [] if c.name]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"target {self.name!r}: candidate names must be unique, repeated: {dup}")
         return self
 
 
@@ -268,13 +393,20 @@ class Fleet(ApiModel):
     """Fleet discovery: one target per hardware class found among the cluster's Nodes."""
 
     enabled: bool = Field(default=False, description="Discover targets from the fleet's Nodes.")
-    gpu_backend: Backend = Field(default="tensorrt", description="Backend for NVIDIA GPU classes.")
-    cpu_backend: Backend = Field(default="onnxruntime", description="Backend for CPU classes.")
+    gpu_backend: TargetBackend = Field(
+        default="auto", description="Backend for NVIDIA GPU classes; auto: tensorrt and inductor candidates."
+    )
+    cpu_backend: TargetBackend = Field(
+        default="auto", description="Backend for CPU classes; auto: onnxruntime and inductor candidates."
+    )
     precisions: list[Precision] = Field(
         default_factory=lambda: ["fp32"],  # type: ignore[arg-type]
         min_length=1,
         max_length=4,
         description="Precisions to build for each discovered class.",
+    )
+    selection: Selection | None = Field(
+        default=None, description="How each fleet target's winner among candidates is chosen."
     )
 
 

@@ -92,6 +92,35 @@ class Artifact(ApiModel):
     size_bytes: int | None = Field(default=None, description="Size of the compiled model file.")
 
 
+class CandidateStatus(ApiModel):
+    """One candidate of a target: how it built, validated and timed, and whether it won."""
+
+    name: str = Field(description="Candidate name.")
+    backend: str = Field(description="Backend that built it.")
+    precision: str = Field(description="Its precision.")
+    phase: TargetPhase = Field(description="Succeeded (validated), Failed or Skipped.")
+    reason: str | None = Field(default=None, description="CamelCase reason when Failed or Skipped.")
+    message: str | None = Field(default=None, description="Details.")
+    selected: bool = Field(default=False, description="True for the winner.")
+    options: dict[str, str] | None = Field(default=None, description="Options the backend used.")
+    compile_seconds: float | None = Field(default=None, description="Time the compile took.")
+    max_abs_error: float | None = Field(default=None, description="Largest absolute error seen.")
+    min_cosine: float | None = Field(default=None, description="Smallest cosine similarity seen.")
+    latency: list[LatencyStats] = Field(default_factory=list, description="Latency per batch size.")
+    speedup: float | None = Field(default=None, description="Eager p50 / candidate p50, first batch size.")
+    artifact_digest: str | None = Field(default=None, description="sha256 of its compiled file.")
+
+
+class SelectionStatus(ApiModel):
+    """Why the winner won."""
+
+    policy: str = Field(description="minLatency or maxThroughput.")
+    batch_size: int | None = Field(default=None, description="Batch size the decision was made at.")
+    latency_budget_ms: float | None = Field(default=None, description="maxThroughput's p90 budget.")
+    winner: str | None = Field(default=None, description="Name of the selected candidate.")
+    message: str = Field(default="", description="The figures that decided it.")
+
+
 class TargetStatus(ApiModel):
     """Observed state of one target."""
 
@@ -120,6 +149,14 @@ class TargetStatus(ApiModel):
         default=None, description="CamelCase reason when the phase is Failed or Skipped."
     )
     message: str | None = Field(default=None, description="Details, for example the tail of the error.")
+    candidates: list[CandidateStatus] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Every candidate compiled for this target (empty with a single backend).",
+    )
+    selection: SelectionStatus | None = Field(
+        default=None, description="How the winner among the candidates was chosen."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,

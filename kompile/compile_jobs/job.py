@@ -74,6 +74,7 @@ def main() -> None:
         artifact_root=work / "out",
         only_targets=[target.name],
         hardware_class=hw_class,
+        device=os.environ.get("KOMPILE_DEVICE") or None,
     )
     reporter = LogReporter(lambda m: print(m, flush=True))
     try:

@@ -18,19 +18,20 @@ from typing import Any, Protocol
 import numpy as np
 
 from kompile import __version__
+from kompile.api.candidates import candidate_targets, is_multi, target_device
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import Target
-from kompile.api.status import Artifact, Baseline, CompiledModelStatus, LatencyStats, TargetStatus, summarize
+from kompile.api.status import Artifact, CompiledModelStatus, TargetStatus, summarize
 from kompile.compile_jobs import benchmark as bench
-from kompile.compile_jobs import export, inputs, sources, triton, validate
+from kompile.compile_jobs import export, inputs, sources, timing, triton, validate
 from kompile.compile_jobs.backends.base import (
     BackendError,
     BackendUnavailable,
-    CompiledArtifact,
     CompileRequest,
     Runner,
     get_backend,
 )
+from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import local_cpu_class, local_cuda_class
 
 
@@ -65,18 +66,12 @@ class PipelineOptions:
     only_targets: Sequence[str] | None = None
     hardware_class: str | None = None
     """Override of this machine's class (a compile Job is told its class by the operator)."""
+    device: str | None = None
+    """cpu or cuda for every target (a compile Job is told its class's device); None: each
+    target's own (options.device, else cuda only for GPU-only backends)."""
 
 
-@dataclass
-class BuiltTarget:
-    """A target that compiled: what the benchmark and the registry need."""
-
-    target: Target
-    status: TargetStatus
-    artifact: CompiledArtifact
-    runner: Runner
-    repo_dir: Path
-    params: dict[str, str]
+__all__ = ["BuiltTarget", "LogReporter", "PipelineOptions", "PipelineResult", "Reporter", "run_pipeline"]
 
 
 @dataclass
@@ -93,22 +88,29 @@ def plan_targets(cm: CompiledModel) -> list[Target]:
     fleet = cm.spec.fleet
     assert fleet is not None and fleet.enabled  # the spec validator guarantees one of the two
     cls = local_cpu_class()
-    return [Target(name=f"{cls}-{p}", backend=fleet.cpu_backend, precision=p) for p in fleet.precisions]
+    return [
+        Target(name=f"{cls}-{p}", backend=fleet.cpu_backend, precision=p, selection=fleet.selection)
+        for p in fleet.precisions
+    ]
 
 
-def _skip_reason(target: Target) -> tuple[str, str] | None:
+def _skip_reason(target: Target, device: str) -> tuple[str, str] | None:
+    """Why this machine cannot build `target` for `device`, or None. Precision and device come
+    first: `auto` drops a backend that cannot build them without reporting it."""
     try:
         backend = get_backend(target.backend)
     except BackendUnavailable as err:
         return "BackendUnavailable", str(err)
-    reason = backend.unavailable_reason()
-    if reason:
-        return "BackendUnavailable", reason
     if target.precision not in backend.precisions:
         return "UnsupportedPrecision", (
             f"backend {target.backend} supports {sorted(backend.precisions)}, not {target.precision}"
         )
-    if backend.device == "cuda" and local_cuda_class() is None:
+    if not backend.supports_device(device):
+        return "UnsupportedDevice", f"backend {target.backend} does not build for {device}"
+    reason = backend.unavailable_reason()
+    if reason:
+        return "BackendUnavailable", reason
+    if device == "cuda" and local_cuda_class() is None:
         return "NoMatchingHardware", "needs an NVIDIA GPU; this machine has none"
     return None
 
@@ -119,7 +121,6 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     generation = cm.metadata.generation
     status = CompiledModelStatus()
     targets = [t for t in plan_targets(cm) if not opts.only_targets or t.name in opts.only_targets]
-    hw_class = opts.hardware_class or local_cpu_class()
     threads = spec.benchmark.threads or os.cpu_count() or 1
     bench.set_threads(threads)
 
@@ -143,33 +144,97 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
             "(spec.inputs low/high)"
         )
 
+    ctx = _BuildContext(cm, onnx_path, output_names, feeds, reference, threads, loaded, opts, reporter)
+    planned = [_build_all(ctx, target) for target in targets]
     result = PipelineResult(status=status, lineage=loaded.lineage)
-    for target in targets:
-        ts = TargetStatus(
-            name=target.name,
-            backend=target.backend,
-            precision=target.precision,
+    timed = [
+        timing.Timed(label, b.runner, b.status)
+        for p in planned
+        for label, b in p.labelled()
+        if b.status.validation and b.status.validation.passed
+    ]
+    status.baselines = timing.run_benchmark(cm, loaded, reference_runner, timed, _batch_sizes(cm), reporter)
+    for p in planned:
+        built = p.finish(cm.spec.benchmark.batch_sizes) if p.multi else next(iter(p.built), None)
+        status.targets.append(p.status)
+        if built:
+            result.built.append(built)
+            _write_result(built, cm, loaded.digest)
+        reporter.finished(p.status)
+    summarize(status, generation)
+    return result
+
+
+def _batch_sizes(cm: CompiledModel) -> list[int]:
+    """Benchmark batch sizes plus any a target's selection decides at."""
+    sizes = list(cm.spec.benchmark.batch_sizes)
+    for t in plan_targets(cm):
+        sel = t.selection
+        if sel and sel.batch_size and sel.batch_size not in sizes:
+            sizes.append(sel.batch_size)
+    return sizes
+
+
+@dataclass
+class _BuildContext:
+    cm: CompiledModel
+    onnx_path: Path
+    output_names: list[str]
+    feeds: list[inputs.Feed]
+    reference: list[list[Any]]
+    threads: int
+    loaded: sources.LoadedSource
+    opts: PipelineOptions
+    reporter: Reporter
+
+
+def _device(target: Target, opts: PipelineOptions) -> str:
+    explicit = (target.options or {}).get("device")
+    if explicit in ("cpu", "cuda"):
+        return explicit
+    return opts.device or target_device(target)
+
+
+def _build_all(ctx: _BuildContext, target: Target) -> PlannedTarget:
+    """Compile and validate the target, or each of its candidates."""
+    hw_class = ctx.opts.hardware_class or local_cpu_class()
+    device = _device(target, ctx.opts)
+    ts = TargetStatus(
+        name=target.name,
+        backend=target.backend,
+        precision=target.precision,
+        phase="Pending",
+        hardware_class=hw_class,
+    )
+    planned = PlannedTarget(target=target, status=ts, multi=is_multi(target))
+    if not planned.multi:
+        skip = _skip_reason(target, device)
+        if skip:
+            ts.phase, ts.reason, ts.message = "Skipped", skip[0], skip[1]
+        elif built := _build_target(ctx, target, ts, target.name, device):
+            planned.built.append(built)
+        return planned
+    auto = not target.candidates
+    for cand in candidate_targets(target, device):
+        cs = TargetStatus(
+            name=cand.name,
+            backend=cand.backend,
+            precision=cand.precision,
             phase="Pending",
             hardware_class=hw_class,
         )
-        skip = _skip_reason(target)
+        skip = _skip_reason(cand, device)
+        if skip and auto and skip[0] in ("UnsupportedPrecision", "UnsupportedDevice"):
+            continue  # auto offers a backend only where it can build the precision
         if skip:
-            ts.phase, ts.reason, ts.message = "Skipped", skip[0], skip[1]
-        else:
-            built = _build_target(
-                cm, target, ts, onnx_path, output_names, feeds, reference, threads, loaded, opts, reporter
-            )
-            if built:
-                result.built.append(built)
-        status.targets.append(ts)
-
-    _benchmark(cm, loaded, reference_runner, result, feeds, threads, reporter)
-    for b in result.built:
-        _write_result(b, cm, loaded.digest)
-    for ts in status.targets:
-        reporter.finished(ts)
-    summarize(status, generation)
-    return result
+            cs.phase, cs.reason, cs.message = "Skipped", skip[0], skip[1]
+        elif built := _build_target(ctx, cand, cs, target.name, device, label=f"{target.name}/{cand.name}"):
+            planned.built.append(built)
+        planned.candidates.append(cs)
+    if not planned.candidates:
+        ts.phase, ts.reason = "Skipped", "UnsupportedPrecision"
+        ts.message = f"no backend for {device} can build precision {target.precision}"
+    return planned
 
 
 def _reference_feeds(cm: CompiledModel, base_dir: Path) -> list[inputs.Feed]:
@@ -206,22 +271,17 @@ def _tail(err: BaseException, limit: int = 600) -> str:
 
 
 def _build_target(
-    cm: CompiledModel,
-    target: Target,
-    ts: TargetStatus,
-    onnx_path: Path,
-    output_names: list[str],
-    feeds: list[inputs.Feed],
-    reference: list[list[Any]],
-    threads: int,
-    loaded: sources.LoadedSource,
-    opts: PipelineOptions,
-    reporter: Reporter,
+    ctx: _BuildContext, target: Target, ts: TargetStatus, repo_name: str, device: str, label: str = ""
 ) -> BuiltTarget | None:
+    """Compile one target (or candidate), load what was built and validate it. `repo_name` names
+    the artifact's folder: a candidate's artifact is its target's if it wins."""
+    cm, opts, reporter, threads = ctx.cm, ctx.opts, ctx.reporter, ctx.threads
+    feeds, reference, onnx_path = ctx.feeds, ctx.reference, ctx.onnx_path
+    label = label or target.name
     backend = get_backend(target.backend)
-    out_dir = opts.work_dir / "build" / target.name
+    out_dir = opts.work_dir / "build" / label
     out_dir.mkdir(parents=True, exist_ok=True)
-    reporter.stage(target.name, f"compiling with {target.backend} {backend.version()} at {target.precision}")
+    reporter.stage(label, f"compiling with {target.backend} {backend.version()} at {target.precision}")
     request = CompileRequest(
         onnx_path=onnx_path,
         out_dir=out_dir,
@@ -229,18 +289,19 @@ def _build_target(
         signature=cm.spec.inputs,
         calibration=feeds,
         threads=threads,
-        module=loaded.module,
+        module=ctx.loaded.module,
+        device=device,
     )
     started = time.perf_counter()
     try:
         artifact = backend.compile(request)
-        runner = backend.load(artifact, threads)
+        runner = backend.load(artifact, threads, device)
     except BackendError as err:
         ts.phase, ts.reason, ts.message = "Failed", "CompileFailed", _tail(err)
         return None
     ts.compile_seconds = round(time.perf_counter() - started, 3)
     started = time.perf_counter()
-    reporter.stage(target.name, "validating against the source model")
+    reporter.stage(label, "validating against the source model")
     thresholds = validate.resolve_thresholds(
         target.precision, cm.spec.validation.tolerances, target.tolerances
     )
@@ -249,10 +310,12 @@ def _build_target(
     except (RuntimeError, ValueError) as err:
         ts.phase, ts.reason, ts.message = "Failed", "RuntimeFailed", _tail(err)
         return None
-    ts.validation = validate.compare(reference, candidate, output_names, thresholds, cm.spec.validation.task)
+    ts.validation = validate.compare(
+        reference, candidate, ctx.output_names, thresholds, cm.spec.validation.task
+    )
     ts.validation_seconds = round(time.perf_counter() - started, 3)
     digest = sources.sha256_file(artifact.model_path)
-    repo_root = opts.artifact_root / cm.metadata.name / f"{target.name}-{digest.split(':')[1][:12]}"
+    repo_root = opts.artifact_root / cm.metadata.name / f"{repo_name}-{digest.split(':')[1][:12]}"
     in_specs, out_specs = triton.onnx_io(onnx_path)
     max_batch = _max_batch(cm)
     config = triton.config_pbtxt(
@@ -261,7 +324,7 @@ def _build_target(
         in_specs,
         out_specs,
         max_batch,
-        "KIND_GPU" if backend.device == "cuda" else "KIND_CPU",
+        "KIND_GPU" if device == "cuda" else "KIND_CPU",
     )
     triton.write_model_repository(
         repo_root, cm.metadata.name, artifact.model_path, artifact.model_filename, config
@@ -290,87 +353,6 @@ def _max_batch(cm: CompiledModel) -> int:
         if d.axis == 0:
             return d.max
     return 0
-
-
-def _batch_feeds(cm: CompiledModel, batch: int) -> inputs.Feed | None:
-    name = inputs.batch_dim(cm.spec.inputs)
-    if name is None:
-        return (
-            inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1)[0] if batch == 1 else None
-        )
-    return inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1, {name: batch})[0]
-
-
-def _benchmark(
-    cm: CompiledModel,
-    loaded: sources.LoadedSource,
-    reference_runner: Runner | None,
-    result: PipelineResult,
-    feeds: list[inputs.Feed],
-    threads: int,
-    reporter: Reporter,
-) -> None:
-    """Time eager and every validated artifact interleaved, per batch size (noise hits all alike)."""
-    b = cm.spec.benchmark
-    timed = [x for x in result.built if x.status.validation and x.status.validation.passed]
-    if not timed:
-        return
-    compiled_module = _torch_compile(loaded, cm, reporter) if b.torch_compile else None
-    eager: list[LatencyStats] = []
-    compiled: list[LatencyStats] = []
-    for batch in b.batch_sizes:
-        feed = _batch_feeds(cm, batch)
-        if feed is None:
-            continue
-        reporter.stage(None, f"benchmarking batch {batch}: eager and {len(timed)} artifact(s)")
-        fns: dict[str, Callable[[], object]] = {"eager": _reference_call(loaded, reference_runner, feed, cm)}
-        if compiled_module is not None:
-            fns["torch.compile"] = export.eager_callable(compiled_module[0], feed, cm.spec.inputs)
-        for x in timed:
-            fns[x.target.name] = _runner_call(x.runner, feed)
-        stats = bench.time_interleaved(fns, batch, b.warmup, b.iterations)
-        eager.append(stats["eager"])
-        if "torch.compile" in stats:
-            compiled.append(stats["torch.compile"])
-        for x in timed:
-            x.status.latency.append(stats[x.target.name])
-    for x in timed:
-        x.status.eager_latency = list(eager)
-        if eager and x.status.latency:
-            x.status.speedup = round(eager[0].p50_ms / x.status.latency[0].p50_ms, 3)
-    result.status.baselines.append(Baseline(name="eager", latency=eager))
-    if compiled_module is not None:
-        result.status.baselines.append(
-            Baseline(name="torch.compile", latency=compiled, compile_seconds=compiled_module[1])
-        )
-
-
-def _runner_call(runner: Runner, feed: inputs.Feed) -> Callable[[], object]:
-    return lambda: runner.run(feed)
-
-
-def _reference_call(
-    loaded: sources.LoadedSource, runner: Runner | None, feed: inputs.Feed, cm: CompiledModel
-) -> Callable[[], object]:
-    if runner is not None:
-        return lambda: runner.run(feed)
-    fn: Callable[[], object] = export.eager_callable(loaded.module, feed, cm.spec.inputs)
-    return fn
-
-
-def _torch_compile(
-    loaded: sources.LoadedSource, cm: CompiledModel, reporter: Reporter
-) -> tuple[Any, float] | None:
-    import torch
-
-    if loaded.module is None:
-        return None
-    reporter.stage(None, "torch.compile baseline")
-    start = time.perf_counter()
-    module = torch.compile(loaded.module)
-    feed = inputs.generate_feeds(cm.spec.inputs, 1, 0)[0]
-    export.eager_callable(module, feed, cm.spec.inputs)()  # compile happens on first call
-    return module, time.perf_counter() - start
 
 
 def _write_result(b: BuiltTarget, cm: CompiledModel, source_digest: str) -> None:

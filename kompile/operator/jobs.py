@@ -68,6 +68,7 @@ def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings)
         {"name": "KOMPILE_COMPILED_MODEL", "value": json.dumps(doc, separators=(",", ":"))},
         {"name": "KOMPILE_TARGET", "value": json.dumps(rt.target.to_wire(), separators=(",", ":"))},
         {"name": "KOMPILE_HARDWARE_CLASS", "value": rt.hardware_class},
+        {"name": "KOMPILE_DEVICE", "value": "cuda" if rt.gpu else "cpu"},
         {"name": "KOMPILE_ARTIFACT_PREFIX", "value": prefix},
         {"name": "KOMPILE_WORK_DIR", "value": "/scratch"},
         {"name": "HOME", "value": "/scratch"},

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from kompile.api.cache import artifact_prefix, cache_key
+from kompile.api.candidates import backends_of
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, join, read_bytes
@@ -195,7 +196,11 @@ def _target(
     event: EventFn,
 ) -> TargetStatus:
     namespace = cm.metadata.namespace or "default"
-    version = settings.backend_versions.get(rt.target.backend, "unknown")
+    # Every backend the target's candidates use shapes the artifact: all their versions key it.
+    version = ",".join(
+        f"{b}={settings.backend_versions.get(b, 'unknown')}"
+        for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu")
+    )
     model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
     key = cache_key(
         source_fingerprint(cm),

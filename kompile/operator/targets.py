@@ -33,7 +33,10 @@ class ResolvedTarget:
 
 
 def _is_gpu_target(target: Target) -> bool:
-    return target.backend in GPU_BACKENDS or (target.options or {}).get("device") == "cuda"
+    """An explicit target is for a GPU when its backend (or a candidate's) only builds for one,
+    or when its options (or a candidate's) say device cuda."""
+    parts = [(target.backend, target.options)] + [(c.backend, c.options) for c in target.candidates or []]
+    return any(b in GPU_BACKENDS or (o or {}).get("device") == "cuda" for b, o in parts)
 
 
 def _class_for(selector: dict[str, str], classes: Sequence[HardwareClass]) -> HardwareClass | None:
@@ -54,9 +57,10 @@ def _default_resources(gpu: bool) -> dict[str, Any]:
 
 def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str | None) -> ResolvedTarget:
     hw = target.hardware
-    gpu = _is_gpu_target(target)
     selector = dict(hw.node_selector or {}) if hw else {}
     cls = _class_for(selector, classes) if selector else None
+    # A selector that lands on a GPU class makes an auto target a GPU target too.
+    gpu = _is_gpu_target(target) or (cls is not None and cls.kind == "gpu")
     tolerations = [t.to_wire() for t in (hw.tolerations or [])] if hw else []
     if gpu and not tolerations:
         tolerations = [GPU_TOLERATION]
@@ -87,6 +91,7 @@ def _fleet_target(
         name=f"{cls.name}-{precision}"[:63].rstrip("-"),
         backend=fleet.gpu_backend if gpu else fleet.cpu_backend,
         precision=precision,
+        selection=fleet.selection,
     )
     return ResolvedTarget(
         target=target,

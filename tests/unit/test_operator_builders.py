@@ -6,6 +6,7 @@ from typing import Any
 
 from kompile.api import parse_manifest
 from kompile.api.cache import cache_key
+from kompile.api.candidates import backends_of
 from kompile.api.result import TERMINATION_LIMIT, compact_result, parse_compact
 from kompile.api.status import LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
 from kompile.operator.fleet import discover
@@ -79,13 +80,16 @@ def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
     assert len(resolved) == 10
     by_name = {r.name: r for r in resolved}
     g = by_name["gpu-nvidia-l4-sm89-fp32"]
-    assert g.gpu and g.target.backend == "tensorrt" and g.runtime_class == "nvidia"
+    # auto: the GPU class's candidates (tensorrt, inductor on CUDA) compete in one GPU Job.
+    assert g.gpu and g.target.backend == "auto" and g.runtime_class == "nvidia"
+    assert backends_of(g.target, "cuda") == ["inductor", "tensorrt"]
     assert g.resources["limits"]["nvidia.com/gpu"] == "1"
     assert g.tolerations[0]["key"] == "nvidia.com/gpu"
     c = by_name["cpu-arm64-int8"]
     assert (
-        not c.gpu and c.target.backend == "onnxruntime" and c.node_selector == {"kubernetes.io/arch": "arm64"}
+        not c.gpu and c.target.backend == "auto" and c.node_selector == {"kubernetes.io/arch": "arm64"}
     )
+    assert backends_of(c.target, "cpu") == ["inductor", "onnxruntime"]
 
 
 def test_explicit_target_keeps_its_selector_and_finds_its_class() -> None:

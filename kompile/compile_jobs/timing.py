@@ -1,0 +1,115 @@
+"""The benchmark stage: eager, every validated artifact and candidate, and the optional
+torch.compile baseline, timed interleaved per batch size so machine noise hits all alike."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kompile.api.resource import CompiledModel
+from kompile.api.status import Baseline, LatencyStats, TargetStatus
+from kompile.compile_jobs import benchmark as bench
+from kompile.compile_jobs import export, inputs, sources
+from kompile.compile_jobs.backends.base import Runner
+
+PAUSE_S = 0.05
+SETTLE_CALLS = 1
+
+
+class StageReporter(Protocol):
+    def stage(self, target: str | None, message: str) -> None: ...
+
+
+@dataclass
+class Timed:
+    """One runtime to time: its label in the round, its runner, and the status that gets figures."""
+
+    label: str
+    runner: Runner
+    status: TargetStatus
+
+
+def batch_feeds(cm: CompiledModel, batch: int) -> inputs.Feed | None:
+    """A feed at `batch` along the signature's batch dimension; None when there is none (batch 1 only)."""
+    name = inputs.batch_dim(cm.spec.inputs)
+    if name is None:
+        return (
+            inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1)[0] if batch == 1 else None
+        )
+    return inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1, {name: batch})[0]
+
+
+def run_benchmark(
+    cm: CompiledModel,
+    loaded: sources.LoadedSource,
+    reference_runner: Runner | None,
+    timed: Sequence[Timed],
+    batch_sizes: Sequence[int],
+    reporter: StageReporter,
+) -> list[Baseline]:
+    """Fill each Timed's status.latency / eager_latency / speedup; return the baselines."""
+    b = cm.spec.benchmark
+    if not timed:
+        return []
+    compiled_module = _torch_compile(loaded, cm, reporter) if b.torch_compile else None
+    eager: list[LatencyStats] = []
+    compiled: list[LatencyStats] = []
+    for batch in batch_sizes:
+        feed = batch_feeds(cm, batch)
+        if feed is None:
+            continue
+        reporter.stage(None, f"benchmarking batch {batch}: eager and {len(timed)} artifact(s)")
+        fns: dict[str, Callable[[], object]] = {"eager": _reference_call(loaded, reference_runner, feed, cm)}
+        if compiled_module is not None:
+            fns["torch.compile"] = export.eager_callable(compiled_module[0], feed, cm.spec.inputs)
+        for t in timed:
+            fns[t.label] = _runner_call(t.runner, feed)
+        # ONNX Runtime's and OpenMP's idle workers spin for 20-50 ms and slow whatever runs next:
+        # an idle pause before each timed call waits them out, and one untimed call right before
+        # it wakes the runtime's own pool, as a server under load keeps it (benchmarks/cpu_artifacts).
+        stats = bench.time_interleaved(
+            fns, batch, b.warmup, b.iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS
+        )
+        eager.append(stats["eager"])
+        if "torch.compile" in stats:
+            compiled.append(stats["torch.compile"])
+        for t in timed:
+            t.status.latency.append(stats[t.label])
+    for t in timed:
+        t.status.eager_latency = list(eager)
+        if eager and t.status.latency:
+            t.status.speedup = round(eager[0].p50_ms / t.status.latency[0].p50_ms, 3)
+    baselines = [Baseline(name="eager", latency=eager)]
+    if compiled_module is not None:
+        baselines.append(Baseline(name="torch.compile", latency=compiled, compile_seconds=compiled_module[1]))
+    return baselines
+
+
+def _runner_call(runner: Runner, feed: inputs.Feed) -> Callable[[], object]:
+    return lambda: runner.run(feed)
+
+
+def _reference_call(
+    loaded: sources.LoadedSource, runner: Runner | None, feed: inputs.Feed, cm: CompiledModel
+) -> Callable[[], object]:
+    if runner is not None:
+        return lambda: runner.run(feed)
+    fn: Callable[[], object] = export.eager_callable(loaded.module, feed, cm.spec.inputs)
+    return fn
+
+
+def _torch_compile(
+    loaded: sources.LoadedSource, cm: CompiledModel, reporter: StageReporter
+) -> tuple[Any, float] | None:
+    import torch
+
+    if loaded.module is None:
+        return None
+    reporter.stage(None, "torch.compile baseline")
+    start = time.perf_counter()
+    module = torch.compile(loaded.module)
+    feed = inputs.generate_feeds(cm.spec.inputs, 1, 0)[0]
+    export.eager_callable(module, feed, cm.spec.inputs)()  # compile happens on first call
+    return module, time.perf_counter() - start

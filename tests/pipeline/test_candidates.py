@@ -1,0 +1,131 @@
+"""Candidates and selection: several ways to build one target, the fastest validated one wins, and
+every candidate's figures are kept in status, result.json and MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.pipeline.conftest import small_cnn_doc
+
+
+def _only_target(status: dict[str, Any]) -> dict[str, Any]:
+    (target,) = status["targets"]
+    return target
+
+
+def test_fastest_validated_candidate_wins_and_every_candidate_is_recorded(
+    kompile_run, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc(
+        targets=[
+            {
+                "name": "cpu",
+                "candidates": [
+                    {"backend": "onnxruntime", "precision": "fp32"},
+                    {"backend": "onnxruntime", "precision": "int8", "quantization": "static"},
+                    # A compile that fails (bad option value) is reported and never wins.
+                    {"name": "broken", "backend": "onnxruntime", "options": {"optLevel": "fastest"}},
+                ],
+            }
+        ],
+        benchmark={"batchSizes": [1, 4], "warmup": 1, "iterations": 5},
+    )
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 0, res.stderr
+    t = _only_target(res.status)
+    cands = {c["name"]: c for c in t["candidates"]}
+    assert list(cands) == ["onnxruntime-fp32", "onnxruntime-int8", "broken"]
+    assert cands["broken"]["phase"] == "Failed" and cands["broken"]["reason"] == "CompileFailed"
+    assert "optLevel" in cands["broken"]["message"] and not cands["broken"]["selected"]
+    timed = {n: c for n, c in cands.items() if c["phase"] == "Succeeded"}
+    assert set(timed) == {"onnxruntime-fp32", "onnxruntime-int8"}
+    winner = min(timed.values(), key=lambda c: c["latency"][0]["p50Ms"])
+    assert [c["name"] for c in cands.values() if c["selected"]] == [winner["name"]]
+    # The target carries the winner's build and figures.
+    assert t["phase"] == "Succeeded" and t["precision"] == winner["precision"]
+    assert t["latency"][0]["p50Ms"] == winner["latency"][0]["p50Ms"]
+    assert t["artifact"]["digest"] == winner["artifactDigest"]
+    sel = t["selection"]
+    assert sel["policy"] == "minLatency" and sel["winner"] == winner["name"] and sel["batchSize"] == 1
+    assert winner["name"] in sel["message"] and "ms" in sel["message"]
+    # result.json beside the shipped artifact keeps all candidates.
+    repo = Path(t["artifact"]["uri"].removeprefix("file://"))
+    assert repo.name.startswith("cpu-")
+    result = json.loads((repo / "result.json").read_text())
+    assert [c["name"] for c in result["target"]["candidates"]] == list(cands)
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=res.status["registry"]["trackingUri"])
+    (version,) = client.search_model_versions("name='small'")
+    assert version.tags["kompile.precision"] == winner["precision"]
+    target_run = client.get_run(version.run_id)
+    children = client.search_runs(
+        [target_run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{version.run_id}'"
+    )
+    by_candidate = {r.data.tags["kompile.candidate"]: r for r in children}
+    assert set(by_candidate) == set(cands)
+    assert by_candidate[winner["name"]].data.tags["kompile.selected"] == "true"
+    assert by_candidate[winner["name"]].data.metrics["p50_ms_b4"] > 0
+    assert by_candidate["broken"].data.tags["kompile.phase"] == "Failed"
+
+
+def test_max_throughput_under_a_budget_and_when_nothing_meets_it(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    candidates = [
+        {"backend": "onnxruntime", "precision": "fp32"},
+        {"backend": "onnxruntime", "precision": "fp32", "options": {"optLevel": "basic"}},
+    ]
+    targets = [
+        {
+            "name": "roomy",
+            "candidates": candidates,
+            "selection": {"policy": "maxThroughput", "latencyBudgetMs": 10000},
+        },
+        {
+            "name": "tight",
+            "candidates": candidates,
+            "selection": {"policy": "maxThroughput", "latencyBudgetMs": 0.000001},
+        },
+    ]
+    doc = small_cnn_doc(targets=targets, benchmark={"batchSizes": [1, 8], "warmup": 1, "iterations": 3})
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    by_name = {t["name"]: t for t in res.status["targets"]}
+    roomy = by_name["roomy"]
+    names = [c["name"] for c in roomy["candidates"]]
+    assert names == ["onnxruntime-fp32", "onnxruntime-fp32-2"]  # unnamed duplicates get a suffix
+    best = max(
+        ((c["name"], lat) for c in roomy["candidates"] for lat in c["latency"]),
+        key=lambda nl: nl[1]["throughput"],
+    )
+    assert roomy["selection"]["winner"] == best[0]
+    assert roomy["selection"]["batchSize"] == best[1]["batchSize"]
+    tight = by_name["tight"]["selection"]
+    assert tight["winner"] in names and tight["message"].startswith("no candidate kept p90 within")
+
+
+def test_no_validated_candidate_fails_the_target(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc(
+        targets=[
+            {
+                "name": "cpu",
+                "precision": "int8",
+                "tolerances": {"minCosine": 1.0, "maxAbsError": 0.0},
+                "candidates": [
+                    {"backend": "onnxruntime", "quantization": "static"},
+                    {"backend": "onnxruntime", "quantization": "dynamic"},
+                ],
+            }
+        ]
+    )
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 1
+    t = _only_target(res.status)
+    assert t["phase"] == "Failed" and t["reason"] == "NoCandidateValidated"
+    assert "onnxruntime-int8" in t["message"] and "onnxruntime-int8-2" in t["message"]
+    assert not any(c["selected"] for c in t["candidates"])
+    assert "artifact" not in t
+    ready = next(c for c in res.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "NoCandidateValidated"
