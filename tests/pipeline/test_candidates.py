@@ -129,3 +129,22 @@ def test_no_validated_candidate_fails_the_target(kompile_run, write_manifest) ->
     assert "artifact" not in t
     ready = next(c for c in res.status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and ready["reason"] == "NoCandidateValidated"
+
+
+def test_a_cuda_job_on_a_machine_without_a_gpu_skips_with_the_reason(tmp_path: Path, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    """What a GPU class's compile Job reports when its pod lands without a usable GPU."""
+    from kompile.api.resource import load_manifest
+    from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
+
+    path = write_manifest(small_cnn_doc(targets=[{"name": "gpu", "precision": "fp16"}]))
+    lines: list[str] = []
+    opts = PipelineOptions(
+        base_dir=tmp_path, work_dir=tmp_path / "w", artifact_root=tmp_path / "a", device="cuda"
+    )
+    result = run_pipeline(load_manifest(path), opts, LogReporter(lines.append))
+    (t,) = result.status.targets
+    assert t.phase == "Skipped" and not result.built
+    assert {c.backend for c in t.candidates} == {"tensorrt", "inductor"}
+    assert all(c.phase == "Skipped" for c in t.candidates)
+    assert any("GPU" in (c.message or "") or "tensorrt" in (c.message or "") for c in t.candidates)
+    assert t.message and "inductor-fp16" in t.message

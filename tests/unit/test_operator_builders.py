@@ -86,9 +86,7 @@ def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
     assert g.resources["limits"]["nvidia.com/gpu"] == "1"
     assert g.tolerations[0]["key"] == "nvidia.com/gpu"
     c = by_name["cpu-arm64-int8"]
-    assert (
-        not c.gpu and c.target.backend == "auto" and c.node_selector == {"kubernetes.io/arch": "arm64"}
-    )
+    assert not c.gpu and c.target.backend == "auto" and c.node_selector == {"kubernetes.io/arch": "arm64"}
     assert backends_of(c.target, "cpu") == ["inductor", "onnxruntime"]
 
 
@@ -131,6 +129,52 @@ def test_job_manifest() -> None:
     assert {"name": "scratch", "mountPath": "/scratch"} in container["volumeMounts"]
     # deterministic: another generation gets another name, the same one the same
     assert job_name("resnet", "u-1", 4, "cpu") != job["metadata"]["name"]
+
+
+def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
+    """The CUDA path's Job: GPU image, device cuda for the candidates, GPU limit and toleration."""
+    model = cm(fleet={"enabled": True, "precisions": ["fp16"]})
+    rt = next(r for r in resolve_targets(model.spec, discover(FLEET)) if r.hardware_class.startswith("gpu-"))
+    settings = Settings(gpu_image="example/compile-gpu:1", cpu_image="example/compile-cpu:1")
+    job = build_job(model, rt, "k" * 40, "s3://bucket/cache/k", settings)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert container["image"] == "example/compile-gpu:1" and env["KOMPILE_DEVICE"] == "cuda"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in job["spec"]["template"][
+        "spec"
+    ]["tolerations"]
+    cpu = next(r for r in resolve_targets(model.spec, discover(FLEET)) if r.hardware_class == "cpu-arm64")
+    cpu_env = {
+        e["name"]: e["value"]
+        for e in build_job(model, cpu, "k" * 40, "p", settings)["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
+    }
+    assert cpu_env["KOMPILE_DEVICE"] == "cpu"
+
+
+def test_auto_target_on_a_gpu_selector_is_a_gpu_target() -> None:
+    model = cm(
+        targets=[{"name": "l4", "hardware": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}}]
+    )
+    (rt,) = resolve_targets(model.spec, discover(FLEET))
+    assert rt.gpu and rt.hardware_class == "gpu-nvidia-l4-sm89"
+    inductor_cuda = cm(targets=[{"name": "g", "backend": "inductor", "options": {"device": "cuda"}}])
+    assert resolve_targets(inductor_cuda.spec, discover(FLEET))[0].gpu
+
+
+def test_cache_key_covers_candidates_and_selection() -> None:
+    plain = cm(targets=[{"name": "cpu"}])
+    listed = cm(
+        targets=[{"name": "cpu", "candidates": [{"backend": "onnxruntime"}, {"backend": "inductor"}]}]
+    )
+    picky = cm(targets=[{"name": "cpu", "selection": {"policy": "maxThroughput", "latencyBudgetMs": 5}}])
+    keys = {
+        cache_key("sha256:x", m.spec.targets[0], "v", "cpu", m.spec.inputs, m.spec.validation, "m")
+        for m in (plain, listed, picky)
+    }
+    assert len(keys) == 3
 
 
 def test_cache_key_changes_with_what_shapes_the_artifact() -> None:
