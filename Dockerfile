@@ -59,19 +59,26 @@ ENTRYPOINT ["kompile-job"]
 
 # ---------------------------------------------------------------------------------------------------
 # The GPU compile image: NVIDIA's TensorRT container brings TensorRT, its Python bindings and CUDA;
-# kompile adds torch (PyPI's CUDA wheel) for export and ONNX Runtime for the reference run.
+# kompile adds torch (PyPI's CUDA wheel) for export and the inductor backend, ONNX Runtime (CPU) for
+# the reference run and the CPU check of prepared graphs, and NVIDIA ModelOpt without its [onnx]
+# extra (exact pins in the tensorrt extra, equal to requirements/modelopt.txt) for fp16/bf16/int8
+# graph preparation. The plans it builds load only on this image's TensorRT version: the operator's
+# KOMPILE_GPU_TENSORRT_VERSION must name it (docs/tensorrt.md), and a serving runtime on another
+# version is refused before any Job runs. The last command fails the build if either import breaks.
 FROM ${TENSORRT_IMAGE} AS compile-gpu
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp \
     KOMPILE_WORK_DIR=/scratch \
-    KOMPILE_SOURCE_DIR=/opt/kompile
+    KOMPILE_SOURCE_DIR=/opt/kompile \
+    KOMPILE_TIMING_CACHE_DIR=/scratch/timing-caches
 WORKDIR /opt/kompile
 COPY requirements/lock.txt requirements/lock.txt
 COPY pyproject.toml README.md ./
 COPY kompile kompile
-RUN python3 -m pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,s3]"
+RUN python3 -m pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,s3,tensorrt]" \
+    && python3 -c "import tensorrt, modelopt.onnx.autocast, modelopt.onnx.quantization; print(tensorrt.__version__)"
 COPY examples/models models
 USER 65532:65532
 ENTRYPOINT ["kompile-job"]

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Create (once) the project's virtual environment under ~/.cache/kompile, keyed by the hash of
-# requirements/lock.txt, so nothing installed by hand can hide in it; then install kompile itself
-# into it (editable, no deps: fast on every run). Prints the venv path as its last line.
+# requirements/lock.txt and requirements/modelopt.txt, so nothing installed by hand can hide in it;
+# then install kompile itself into it (editable, no deps: fast on every run). Prints the venv path as
+# its last line. modelopt.txt goes in after the lock with --no-deps: NVIDIA ModelOpt's own extras
+# would swap the CPU onnxruntime/onnx for other versions (see the file's header).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lock=requirements/lock.txt
-key=$(sha256sum "$lock" | cut -c1-16)
+modelopt=requirements/modelopt.txt
+key=$(cat "$lock" "$modelopt" | sha256sum | cut -c1-16)
 venv="${KOMPILE_CACHE:-$HOME/.cache/kompile}/venv-py311-$key"
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
-  echo ">> creating $venv from $lock (first run: torch is several GB, allow ~10 minutes)" >&2
+  echo ">> creating $venv from $lock and $modelopt (first run: torch is several GB, allow ~10 minutes)" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q -U pip
   "$venv/bin/python" -m pip install -q --progress-bar off -r "$lock"
+  "$venv/bin/python" -m pip install -q --progress-bar off --no-deps -r "$modelopt"
   touch "$venv/.complete"
 fi
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2

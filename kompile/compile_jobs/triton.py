@@ -6,8 +6,9 @@ without files; `write_model_repository` is the thin side-effecting shell around 
 
 from __future__ import annotations
 
+import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,16 +53,41 @@ def config_pbtxt(
     max_batch_size: int,
     instance_kind: str = "KIND_CPU",
     model_filename: str | None = None,
+    *,
+    cc_model_filenames: Mapping[str, str] | None = None,
+    cuda_graphs: bool = False,
 ) -> str:
-    """Triton's config.pbtxt. With max_batch_size > 0 Triton owns axis 0, so dims omit it."""
+    """Triton's config.pbtxt. With max_batch_size > 0 Triton owns axis 0, so dims omit it.
+
+    `cc_model_filenames` maps a compute capability ("8.6") to the plan built for it, when one model
+    folder holds plans for several GPU classes; `cuda_graphs` turns on Triton's CUDA graphs for
+    TensorRT plans (launch overhead matters at small batches).
+    """
     batched = max_batch_size > 0
     text = f'name: "{model_name}"\nplatform: "{platform}"\nmax_batch_size: {max_batch_size}\n'
     if model_filename:
         text += f'default_model_filename: "{model_filename}"\n'
+    if cc_model_filenames:
+        entries = []
+        for cc, filename in sorted(cc_model_filenames.items()):
+            if not re.fullmatch(r"\d+\.\d+", cc):
+                raise ValueError(f"compute capability {cc!r} must read major.minor, for example 8.6")
+            entries.append(f'  {{\n    key: "{cc}"\n    value: "{filename}"\n  }}')
+        text += "cc_model_filenames [\n" + ",\n".join(entries) + "\n]\n"
     text += _tensor_block("input", inputs, batched)
     text += _tensor_block("output", outputs, batched)
     text += f"instance_group [\n  {{\n    count: 1\n    kind: {instance_kind}\n  }}\n]\n"
+    if cuda_graphs:
+        text += "optimization {\n  cuda {\n    graphs: true\n  }\n}\n"
     return text
+
+
+def cc_plan_filename(compute_capability: str) -> str:
+    """File name of the plan for one compute capability in a multi-class model folder: model_sm86.plan."""
+    major, _, minor = compute_capability.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ValueError(f"compute capability {compute_capability!r} must read major.minor, for example 8.6")
+    return f"model_sm{major}{minor}.plan"
 
 
 def write_model_repository(

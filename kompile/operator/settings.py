@@ -49,6 +49,16 @@ class Settings:
     """KOMPILE_KSERVE_NAMESPACE: where KServe's inferenceservice-config ConfigMap lives."""
     resync_seconds: float = 10.0
     """KOMPILE_RESYNC_SECONDS: how often a CompiledModel with running Jobs is looked at again."""
+    gpu_tensorrt_version: str | None = None
+    """KOMPILE_GPU_TENSORRT_VERSION: TensorRT version the GPU compile image carries (major.minor.
+    patch[.build], `python3 -c 'import tensorrt; print(tensorrt.__version__)'` in the image). A plan
+    loads only on that version: tensorrt targets whose serving version differs are refused."""
+    serving_tensorrt_version: str | None = None
+    """KOMPILE_SERVING_TENSORRT_VERSION: TensorRT version of the Triton runtime that serves, when a
+    CompiledModel names none (spec.rollout.tensorrtVersion); unset: whatever the compile image has."""
+    triton_runtime_version: str | None = None
+    """KOMPILE_TRITON_RUNTIME_VERSION: Triton release for TensorRT InferenceServices (runtimeVersion,
+    for example 25.10-py3) where kompile.operator.tensorrt_match's table has no row for the version."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -77,4 +87,7 @@ class Settings:
             metrics_port=int(e.get("KOMPILE_METRICS_PORT", d.metrics_port)),
             kserve_namespace=e.get("KOMPILE_KSERVE_NAMESPACE", d.kserve_namespace),
             resync_seconds=float(e.get("KOMPILE_RESYNC_SECONDS", d.resync_seconds)),
+            gpu_tensorrt_version=e.get("KOMPILE_GPU_TENSORRT_VERSION") or None,
+            serving_tensorrt_version=e.get("KOMPILE_SERVING_TENSORRT_VERSION") or None,
+            triton_runtime_version=e.get("KOMPILE_TRITON_RUNTIME_VERSION") or None,
         )
