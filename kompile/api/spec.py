@@ -577,6 +577,17 @@ class Rollout(ApiModel):
     gitops: GitOps | None = Field(
         default=None, description="Write manifests for a GitOps agent instead of applying them."
     )
+    tensorrt_version: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+(\.[0-9]+)?$",
+        description=(
+            "TensorRT version (major.minor.patch[.build]) of the runtime that serves TensorRT plans: "
+            "a plan loads only on the release that built it, so targets using tensorrt are refused "
+            "before any Job when the GPU compile image carries another. Default: the operator's "
+            "KOMPILE_SERVING_TENSORRT_VERSION."
+        ),
+    )
 
     @model_validator(mode="after")
     def _gate(self) -> Rollout:

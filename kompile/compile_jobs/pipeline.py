@@ -325,6 +325,7 @@ def _build_target(
         out_specs,
         max_batch,
         "KIND_GPU" if device == "cuda" else "KIND_CPU",
+        cuda_graphs=artifact.options.get("cudaGraphs") == "true",
     )
     triton.write_model_repository(
         repo_root, cm.metadata.name, artifact.model_path, artifact.model_filename, config

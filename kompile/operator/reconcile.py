@@ -21,7 +21,7 @@ from kompile.api.candidates import backends_of
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, join, read_bytes
-from kompile.operator import metrics
+from kompile.operator import metrics, tensorrt_match
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import LABEL_GENERATION, LABEL_TARGET, LABEL_UID, build_job
 from kompile.operator.kube import Kube
@@ -185,6 +185,17 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
     return Outcome(status, done=all(t.phase in TERMINAL for t in targets))
 
 
+def _tensorrt_refusal(cm: CompiledModel, rt: ResolvedTarget, settings: Settings) -> str | None:
+    """A plan only loads on the TensorRT release that built it: refuse before any Job runs when
+    the GPU compile image's TensorRT is not the serving runtime's."""
+    if not rt.gpu or "tensorrt" not in backends_of(rt.target, "cuda"):
+        return None
+    serving = (
+        cm.spec.rollout.tensorrt_version if cm.spec.rollout else None
+    ) or settings.serving_tensorrt_version
+    return tensorrt_match.refusal(serving, settings.gpu_tensorrt_version, settings.gpu_image)
+
+
 def _target(
     cm: CompiledModel,
     rt: ResolvedTarget,
@@ -212,6 +223,19 @@ def _target(
         model_name,
     )
     prefix = artifact_prefix(store_root(cm, settings), key)
+    refused = _tensorrt_refusal(cm, rt, settings) if job is None else None
+    if refused:
+        event("Warning", "TensorRTVersionMismatch", f"target {rt.name}: {refused}")
+        return TargetStatus(
+            name=rt.name,
+            backend=rt.target.backend,
+            precision=rt.target.precision,
+            phase="Failed",
+            hardware_class=rt.hardware_class,
+            cache_key=key,
+            reason="TensorRTVersionMismatch",
+            message=refused,
+        )
     if job is not None:
         stored = read_stored_result(prefix, store)
         pods = kube.job_pods(namespace, job["metadata"]["name"])

@@ -84,6 +84,16 @@ def _p50(t: TargetStatus) -> float:
     return t.latency[0].p50_ms if t.latency else math.inf
 
 
+def _serving_refusal(t: TargetStatus) -> str | None:
+    if t.backend in MODEL_FORMATS:
+        return None
+    return (
+        f"a {t.backend} artifact has no Triton model format kompile can roll out (Triton serves "
+        f"{' and '.join(sorted(MODEL_FORMATS))} artifacts): list candidates of those backends for "
+        "classes that serve"
+    )
+
+
 def _gate_refusal(t: TargetStatus, gate: RolloutGate | None) -> str | None:
     if gate is None:
         return None
@@ -118,7 +128,7 @@ def winner(
     if not validated:
         states = ", ".join(f"{t.name}: {t.reason or t.phase}" for t in mine)
         return None, f"no validated target for {hardware_class} ({states})"
-    refusals = {t.name: _gate_refusal(t, gate) for t in validated}
+    refusals = {t.name: _serving_refusal(t) or _gate_refusal(t, gate) for t in validated}
     allowed = [t for t in validated if refusals[t.name] is None]
     if not allowed:
         if len(validated) == 1:
@@ -192,8 +202,12 @@ def inference_service(
     service_account: str | None = None,
     *,
     stable_model: dict[str, Any] | None = None,
+    runtime_version: str | None = None,
 ) -> dict[str, Any]:
     """The InferenceService serving `winner` on `rt`'s hardware class.
+
+    `runtime_version` (TensorRT plans: the Triton release carrying the TensorRT that built them)
+    becomes the model's runtimeVersion; None keeps the runtime's default image.
 
     `runtime` is always set: otherwise OpenVINO's runtime may claim modelFormat onnx. S3 credentials
     come from `service_account` (a ServiceAccount whose Secret carries KServe's s3 annotations).
@@ -214,6 +228,8 @@ def inference_service(
         "storageUri": storage_uri(winner.artifact.uri),
         "resources": _resources(rt),
     }
+    if runtime_version and winner.backend == "tensorrt":
+        model["runtimeVersion"] = runtime_version
     predictor: dict[str, Any] = {"model": model}
     if rt.node_selector:
         predictor["nodeSelector"] = dict(rt.node_selector)

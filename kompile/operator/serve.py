@@ -11,7 +11,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from kompile.api.resource import CompiledModel
+from kompile.api.spec import Rollout
 from kompile.api.status import CompiledModelStatus, RolloutStatus
+from kompile.operator import tensorrt_match
 from kompile.operator.kube import Kube
 from kompile.operator.lineage import EventFn, move_alias
 from kompile.operator.rollout import (
@@ -69,7 +71,14 @@ def reconcile_rollouts(
             )
             continue
         desired = inference_service(
-            cm, rt, best, name, mode, None, owned=not spec.adopt and spec.gitops is None
+            cm,
+            rt,
+            best,
+            name,
+            mode,
+            None,
+            owned=not spec.adopt and spec.gitops is None,
+            runtime_version=_triton_release(spec, settings),
         )
         if spec.gitops is not None:
             manifests.append(desired)
@@ -104,6 +113,17 @@ def reconcile_rollouts(
     if manifests and spec.gitops is not None:
         _write_gitops(cm, manifests, kube, event)
     status.rollouts = out
+
+
+def _triton_release(spec: Rollout, settings: Settings) -> str | None:
+    """The Triton release whose TensorRT matches the plans (the runtime's default when unknown)."""
+    version = spec.tensorrt_version or settings.serving_tensorrt_version or settings.gpu_tensorrt_version
+    if version is None:
+        return settings.triton_runtime_version
+    try:
+        return tensorrt_match.triton_runtime_version(version, settings.triton_runtime_version)
+    except ValueError:
+        return settings.triton_runtime_version
 
 
 def _one(

@@ -25,6 +25,7 @@ from kompile.operator.targets import GPU_TOLERATION, ResolvedTarget
 
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 GPU_CLASS = "gpu-nvidia-l4-sm89"
+CPU_CLASS = "cpu-amd64"
 
 
 def model(**rollout_spec: Any) -> CompiledModel:
@@ -144,6 +145,33 @@ def test_gate_passes_a_slower_target_when_the_fastest_is_refused() -> None:
 
 
 # -- names and URIs ------------------------------------------------------------------------------
+
+
+def test_an_artifact_triton_cannot_serve_never_wins() -> None:
+    fast_pt2 = target("cpu-inductor", CPU_CLASS, backend="inductor", p50=1.0)
+    slow_onnx = target("cpu-ort", CPU_CLASS, backend="onnxruntime", p50=5.0)
+    best, _ = rollout.winner([fast_pt2, slow_onnx], CPU_CLASS, None)
+    assert best is not None and best.name == "cpu-ort"
+    none, why = rollout.winner([fast_pt2], CPU_CLASS, None)
+    assert none is None and "inductor artifact has no Triton model format" in why
+
+
+def test_tensorrt_plans_get_the_matching_triton_release() -> None:
+    isvc = rollout.inference_service(
+        model(), gpu_rt(), target("l4-fp16"), "r", "Serverless", None, True, runtime_version="25.10-py3"
+    )
+    assert isvc["spec"]["predictor"]["model"]["runtimeVersion"] == "25.10-py3"
+    onnx = rollout.inference_service(
+        model(),
+        cpu_rt(),
+        target("cpu", backend="onnxruntime"),
+        "r",
+        "Serverless",
+        None,
+        True,
+        runtime_version="25.10-py3",
+    )
+    assert "runtimeVersion" not in onnx["spec"]["predictor"]["model"]
 
 
 def test_service_names() -> None:
