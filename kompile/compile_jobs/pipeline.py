@@ -317,6 +317,8 @@ def _build_target(
     digest = sources.sha256_file(artifact.model_path)
     repo_root = opts.artifact_root / cm.metadata.name / f"{repo_name}-{digest.split(':')[1][:12]}"
     in_specs, out_specs = triton.onnx_io(onnx_path)
+    if artifact.triton_platform == triton.AOTI_PLATFORM:
+        in_specs, out_specs = triton.aoti_io(in_specs, out_specs, target.precision)
     max_batch = _max_batch(cm)
     config = triton.config_pbtxt(
         cm.metadata.name,

@@ -64,7 +64,10 @@ def config_pbtxt(
     TensorRT plans (launch overhead matters at small batches).
     """
     batched = max_batch_size > 0
-    text = f'name: "{model_name}"\nplatform: "{platform}"\nmax_batch_size: {max_batch_size}\n'
+    text = f'name: "{model_name}"\nplatform: "{platform}"\n'
+    if platform == AOTI_PLATFORM:
+        text += 'backend: "pytorch"\n'  # Triton's PyTorch backend loads AOTInductor packages
+    text += f"max_batch_size: {max_batch_size}\n"
     if model_filename:
         text += f'default_model_filename: "{model_filename}"\n'
     if cc_model_filenames:
@@ -80,6 +83,29 @@ def config_pbtxt(
     if cuda_graphs:
         text += "optimization {\n  cuda {\n    graphs: true\n  }\n}\n"
     return text
+
+
+AOTI_PLATFORM = "torch_aoti"
+_AOTI_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def aoti_io(
+    inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], precision: str
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Tensor names and types as Triton's torch_aoti platform sees a package: inputs ARGS[i] in
+    signature order, outputs RESULT (one) or RESULT[i]; float tensors in the package's precision,
+    since Triton does not cast and the package takes and returns its own dtype."""
+    float_to = _AOTI_DTYPES.get(precision)
+
+    def cast(dtype: str) -> str:
+        return float_to if float_to and dtype == "float32" else dtype
+
+    ins = [TensorSpec(f"ARGS[{i}]", cast(t.dtype), t.shape) for i, t in enumerate(inputs)]
+    outs = [
+        TensorSpec("RESULT" if len(outputs) == 1 else f"RESULT[{i}]", cast(t.dtype), t.shape)
+        for i, t in enumerate(outputs)
+    ]
+    return ins, outs
 
 
 def cc_plan_filename(compute_capability: str) -> str:

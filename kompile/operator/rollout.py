@@ -69,11 +69,14 @@ KIND = "InferenceService"
 DEFAULT_MODE = "Serverless"  # KServe's documented default and the value its shipped ConfigMap holds
 DIGEST_ANNOTATION = "kompile.dev/artifact-digest"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kompile"}
-MODEL_FORMATS = {"onnxruntime": "onnx", "tensorrt": "tensorrt"}
+# KServe model format per backend; Triton (runtime kserve-tritonserver, set explicitly) serves all
+# three: ONNX through onnxruntime_onnx, plans through tensorrt_plan, AOTInductor packages through
+# the PyTorch backend's torch_aoti platform (its libtorch must be the torch that built the package).
+MODEL_FORMATS = {"onnxruntime": "onnx", "tensorrt": "tensorrt", "inductor": "pytorch"}
 NAME_MAX = 63
 # KServe's own name rule (DNS-1035: a letter first), stricter than a DNS-1123 label.
 _ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_MODEL_FILE = re.compile(r"/[^/]+/\d+/[^/]+\.(plan|onnx|engine)$")  # <root>/<model>/<version>/<file>
+_MODEL_FILE = re.compile(r"/[^/]+/\d+/[^/]+\.(plan|onnx|engine|pt2)$")  # <root>/<model>/<version>/<file>
 _MODEL_CONFIG = re.compile(r"/[^/]+/config\.pbtxt$")
 
 
@@ -178,7 +181,9 @@ def storage_uri(artifact_uri: str) -> str:
 
 def model_format(backend: str) -> str:
     if backend not in MODEL_FORMATS:
-        raise ValueError(f"backend {backend!r} has no Triton model format: serve onnxruntime or tensorrt")
+        raise ValueError(
+            f"backend {backend!r} has no Triton model format: serve {', '.join(sorted(MODEL_FORMATS))}"
+        )
     return MODEL_FORMATS[backend]
 
 

@@ -91,6 +91,23 @@ def test_triton_config_batched_and_unbatched() -> None:
     assert "dims: [ -1, 3, 224, 224 ]" in flat and "KIND_GPU" in flat
 
 
+def test_triton_config_for_aotinductor_packages() -> None:
+    """Triton's torch_aoti platform names tensors by position and does not cast: a bf16 package
+    takes and returns bf16."""
+    ins = [triton.TensorSpec("input_ids", "int64", (-1, 128)), triton.TensorSpec("x", "float32", (-1, 4))]
+    outs = [triton.TensorSpec("logits", "float32", (-1, 2))]
+    a_in, a_out = triton.aoti_io(ins, outs, "bf16")
+    assert [(t.name, t.dtype) for t in a_in] == [("ARGS[0]", "int64"), ("ARGS[1]", "bfloat16")]
+    assert [(t.name, t.dtype) for t in a_out] == [("RESULT", "bfloat16")]
+    _, two = triton.aoti_io(ins, outs * 2, "fp32")
+    assert [t.name for t in two] == ["RESULT[0]", "RESULT[1]"] and two[0].dtype == "float32"
+    text = triton.config_pbtxt("m", triton.AOTI_PLATFORM, a_in, a_out, 8, model_filename="model.pt2")
+    assert 'platform: "torch_aoti"\nbackend: "pytorch"\n' in text
+    assert (
+        'name: "ARGS[1]"\n    data_type: TYPE_BF16' in text and 'default_model_filename: "model.pt2"' in text
+    )
+
+
 def test_model_repository_layout(tmp_path: Path) -> None:
     model = tmp_path / "m.onnx"
     model.write_bytes(b"onnx")

@@ -148,12 +148,12 @@ def test_gate_passes_a_slower_target_when_the_fastest_is_refused() -> None:
 
 
 def test_an_artifact_triton_cannot_serve_never_wins() -> None:
-    fast_pt2 = target("cpu-inductor", CPU_CLASS, backend="inductor", p50=1.0)
+    fast_pt2 = target("cpu-tvm", CPU_CLASS, backend="tvm", p50=1.0)
     slow_onnx = target("cpu-ort", CPU_CLASS, backend="onnxruntime", p50=5.0)
     best, _ = rollout.winner([fast_pt2, slow_onnx], CPU_CLASS, None)
     assert best is not None and best.name == "cpu-ort"
     none, why = rollout.winner([fast_pt2], CPU_CLASS, None)
-    assert none is None and "inductor artifact has no Triton model format" in why
+    assert none is None and "tvm artifact has no Triton model format" in why
 
 
 def test_tensorrt_plans_get_the_matching_triton_release() -> None:
@@ -189,6 +189,7 @@ def test_storage_uri_is_the_triton_repository_root() -> None:
     assert rollout.storage_uri("s3://art/resnet/t-1/") == "s3://art/resnet/t-1"
     assert rollout.storage_uri("s3://art/resnet/t-1/resnet/1/model.plan") == "s3://art/resnet/t-1"
     assert rollout.storage_uri("s3://art/resnet/t-1/resnet/config.pbtxt") == "s3://art/resnet/t-1"
+    assert rollout.storage_uri("s3://art/resnet/t-1/resnet/1/model.pt2") == "s3://art/resnet/t-1"
     assert rollout.storage_uri("s3://art/models/1/2024") == "s3://art/models/1/2024"
 
 
@@ -230,7 +231,12 @@ def test_cpu_inference_service_adopted_with_custom_runtime() -> None:
     )
     assert "nvidia.com/gpu" not in str(predictor) and "serviceAccountName" not in predictor
     with pytest.raises(ValueError, match="no Triton model format"):
-        rollout.inference_service(cm, cpu_rt(), target("i", backend="inductor"), "x", "Standard", None, False)
+        rollout.inference_service(cm, cpu_rt(), target("i", backend="tvm"), "x", "Standard", None, False)
+    aoti = rollout.inference_service(
+        cm, cpu_rt(), target("i", backend="inductor"), "x", "Standard", None, False
+    )
+    assert aoti["spec"]["predictor"]["model"]["modelFormat"] == {"name": "pytorch"}
+    assert aoti["spec"]["predictor"]["model"]["runtime"] == "my-triton"
 
 
 def test_canary_field_follows_the_mode() -> None:
