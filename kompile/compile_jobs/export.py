@@ -135,7 +135,14 @@ def export_onnx(
             )
         except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
             raise ExportError(f"cannot export {label} to ONNX: {_construct(err)}") from None
-    tracer = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    # Installed libraries (transformers' mask helpers) warn on shape arithmetic that the dynamic
+    # axes cover; validation against eager still checks their graph. Value-dependent control flow
+    # in the user's own model code is what a trace gets wrong silently: that one is refused.
+    tracer = [
+        w
+        for w in caught
+        if issubclass(w.category, torch.jit.TracerWarning) and not _in_installed_package(w.filename)
+    ]
     if tracer:
         w = tracer[0]
         out_path.unlink(missing_ok=True)
@@ -146,6 +153,11 @@ def export_onnx(
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
     return out_path, output_names
+
+
+def _in_installed_package(filename: str) -> bool:
+    parts = Path(filename).parts
+    return "site-packages" in parts or "dist-packages" in parts
 
 
 def _export_program(

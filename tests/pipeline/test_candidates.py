@@ -148,3 +148,32 @@ def test_a_cuda_job_on_a_machine_without_a_gpu_skips_with_the_reason(tmp_path: P
     assert all(c.phase == "Skipped" for c in t.candidates)
     assert any("GPU" in (c.message or "") or "tensorrt" in (c.message or "") for c in t.candidates)
     assert t.message and "inductor-fp16" in t.message
+
+
+def test_bert_example_runs_end_to_end_with_auto_candidates(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    """examples/bert-base.yaml as written, on the 2-layer BERT of the same code: the transformers
+    mask helpers' tracer warnings do not block export, and both CPU backends compete."""
+    import yaml
+
+    from tests.pipeline.conftest import EXAMPLES
+
+    doc = yaml.safe_load((EXAMPLES / "bert-base.yaml").read_text())
+    doc["spec"]["source"]["uri"] = "python://models.transformer:bert_tiny"
+    for spec in doc["spec"]["inputs"]:
+        if spec["name"] == "input_ids":
+            spec["high"] = 1000  # bert_tiny's vocabulary
+    doc["spec"]["inputs"][0]["dynamicDims"][1]["max"] = 128  # bert_tiny's positions
+    doc["spec"]["inputs"][1]["dynamicDims"][1]["max"] = 128
+    doc["spec"]["targets"].append({"name": "cpu-auto"})
+    doc["spec"]["benchmark"] = {"batchSizes": [1], "warmup": 1, "iterations": 3}
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    by_name = {t["name"]: t for t in res.status["targets"]}
+    assert set(by_name) == {"cpu-fp32", "cpu-int8", "cpu-auto"}
+    assert all(t["phase"] == "Succeeded" for t in by_name.values())
+    auto = by_name["cpu-auto"]
+    assert {c["name"]: c["phase"] for c in auto["candidates"]} == {
+        "onnxruntime-fp32": "Succeeded",
+        "inductor-fp32": "Succeeded",
+    }
+    assert auto["backend"] == auto["selection"]["winner"].split("-")[0]
