@@ -1,10 +1,14 @@
 """The Helm chart with the real helm binary, applied to the real control plane. The operator then runs
 as a process under the chart's ServiceAccount token (not the admin certificate), so a verb the chart
-forgot shows up as a 403 here, and `kubectl auth can-i` shows what the chart must never grant."""
+forgot shows up as a 403 here, and `kubectl auth can-i` shows what the chart must never grant. A rollout
+under that token, with real MLflow and S3 servers and KServe's real CRD (its controller stood in), covers
+the Secret, KServe and ConfigMap rules."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,18 +20,28 @@ import yaml
 from kompile.devcluster import ControlPlane, find_bin_dir
 from tests.integration.fleet import LOCAL_NODE, OperatorProcess, small_cnn_manifest, wait_for
 from tests.integration.kubelet_standin import KubeletStandIn
+from tests.support.kserve import KServeControllerStandIn, install_crd
+from tests.support.servers import MlflowServer, S3Server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kompile"
-RELEASE = "kompile"  # the release name holds the chart name, so the objects are called "kompile"
+# The release name holds the chart name, so the objects are called "kompile-rbac". Not "kompile": the
+# tutorial's test installs that release with helm on the same control plane.
+RELEASE = "kompile-rbac"
 SYSTEM_NS = "kompile-system"  # where the operator's ServiceAccount lives
 WATCH_NS = "kompile-rbac"  # the one namespace the operator is given
 SA_USER = f"system:serviceaccount:{SYSTEM_NS}:{RELEASE}"
 STORE_SECRET = "store-creds"
+S3_SECRET = "s3-creds"  # named by a CompiledModel's spec.registry.credentialsSecret
+BUCKET = "kompile-rbac"
 GROUP, VERSION, PLURAL = "kompile.dev", "v1alpha1", "compiledmodels"
 NAMESPACED_VALUES: dict[str, Any] = {
     "watchNamespaces": [WATCH_NS],
-    "artifactStore": {"uri": "file:///var/lib/kompile/artifacts", "credentialsSecret": STORE_SECRET},
+    "artifactStore": {
+        "uri": "file:///var/lib/kompile/artifacts",
+        "credentialsSecret": STORE_SECRET,
+        "credentialsSecrets": [S3_SECRET],
+    },
     # No container runtime runs the operator's own pod here (the test runs it as a process under the
     # same identity): a selector no node has keeps the pod Pending, off the kubelet stand-in.
     "nodeSelector": {"kompile.dev/test-no-such-node": "true"},
@@ -269,6 +283,13 @@ def test_operator_with_chart_credentials_reaches_ready(installed: dict[str, Any]
         ("watch", "namespaces", None, True),
         ("get", "configmaps/inferenceservice-config", "kserve", True),
         ("get", f"secrets/{STORE_SECRET}", WATCH_NS, True),
+        ("get", f"secrets/{S3_SECRET}", WATCH_NS, True),
+        (
+            "get",
+            "customresourcedefinitions.apiextensions.k8s.io/inferenceservices.serving.kserve.io",
+            None,
+            True,
+        ),
         # Secrets it was not given: none listed, none by other names, none elsewhere.
         ("list", "secrets", WATCH_NS, False),
         ("get", "secrets/other", WATCH_NS, False),
@@ -292,6 +313,7 @@ def test_operator_with_chart_credentials_reaches_ready(installed: dict[str, Any]
         ("bind", "clusterroles.rbac.authorization.k8s.io", None, False),
         # Cluster-scoped objects are read, never changed; other ConfigMaps are not read.
         ("patch", "nodes", None, False),
+        ("watch", "nodes", None, False),  # listed at each reconcile, never watched
         ("delete", "namespaces", None, False),
         ("patch", "customresourcedefinitions.apiextensions.k8s.io", None, False),
         ("list", "configmaps", "kserve", False),
@@ -302,3 +324,125 @@ def test_service_account_can_only_what_it_needs(
     installed: dict[str, Any], verb: str, resource: str, namespace: str | None, allowed: bool
 ) -> None:
     assert can_i(installed["plane"], verb, resource, namespace) is allowed
+
+
+# -- a rollout under the chart's token ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def serving(
+    installed: dict[str, Any], s3_server: S3Server, mlflow_server: MlflowServer
+) -> Iterator[KServeControllerStandIn]:
+    """Real S3 and MLflow servers, KServe's real CRD and a cluster config that asks for Standard mode,
+    and the TEST STAND-IN for KServe's controller writing InferenceService status."""
+    plane: ControlPlane = installed["plane"]
+    s3_server.create_bucket(BUCKET)
+    keys = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": S3_SECRET, "namespace": WATCH_NS},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()},
+    }
+    plane.kubectl("apply", "-f", "-", input=json.dumps(secret))  # on stdin: no key in a process list
+    install_crd(plane)
+    # The operator must read this to pick the canary style: unread (a 403 reads as "absent"), it
+    # would assume Serverless and canary through canaryTrafficPercent instead of spec.canary.
+    kserve_config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "inferenceservice-config", "namespace": "kserve"},
+        "data": {"deploy": json.dumps({"defaultDeploymentMode": "RawDeployment"})},
+    }
+    plane.kubectl("apply", "-f", "-", input=json.dumps(kserve_config))
+    standin = KServeControllerStandIn(plane.kubeconfig, WATCH_NS).start()
+    try:
+        yield standin
+    finally:
+        standin.stop()
+        # Other tests' operators read the same cluster config: leave KServe's default again.
+        plane.kubectl("delete", "configmap", "inferenceservice-config", "-n", "kserve", "--ignore-not-found")
+        assert not standin.errors, standin.errors
+
+
+def _rolled_out(plane: ControlPlane, name: str, generation: int) -> dict[str, Any] | None:
+    out = plane.kubectl("get", "cmodel", name, "-n", WATCH_NS, "-o", "json").stdout
+    obj: dict[str, Any] = json.loads(out)
+    status = obj.get("status") or {}
+    rollouts = status.get("rollouts") or []
+    settled = rollouts and rollouts[0]["phase"] in ("Ready", "Failed", "Blocked", "RolledBack")
+    return obj if status.get("observedGeneration") == generation and settled else None
+
+
+def _isvc(plane: ControlPlane, name: str) -> dict[str, Any]:
+    out = plane.kubectl("get", "inferenceservices.serving.kserve.io", name, "-n", WATCH_NS, "-o", "json")
+    obj: dict[str, Any] = json.loads(out.stdout)
+    return obj
+
+
+def test_rollout_with_chart_credentials(
+    installed: dict[str, Any],
+    serving: KServeControllerStandIn,
+    s3_server: S3Server,
+    mlflow_server: MlflowServer,
+) -> None:
+    """Create, canary (spec.canary, Standard mode) and promote an InferenceService, artifacts in S3
+    through the granted Secret, versions and aliases in MLflow: all under the ServiceAccount's token."""
+    from mlflow import MlflowClient
+
+    plane: ControlPlane = installed["plane"]
+    name, model = "rbac-serve", "rbac-serve-model"
+    doc = compiled_model(name)
+    doc["spec"]["registry"] = {
+        "trackingUri": mlflow_server.tracking_uri,
+        "artifactStore": f"s3://{BUCKET}/store",
+        "s3Endpoint": s3_server.endpoint,
+        "credentialsSecret": {"name": S3_SECRET},
+        "modelName": model,
+    }
+    # No deploymentMode: read from KServe's ConfigMap (RawDeployment), so the canary is spec.canary.
+    doc["spec"]["rollout"] = {"enabled": True, "canaryTrafficPercent": 20, "canaryTimeoutSeconds": 120}
+    plane.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    mlflow = MlflowClient(tracking_uri=mlflow_server.tracking_uri)
+
+    obj = wait_for("first rollout", lambda: _rolled_out(plane, name, 1), timeout=300)
+    (rollout,) = obj["status"]["rollouts"]
+    assert rollout["phase"] == "Ready", rollout
+    assert rollout["deploymentMode"] in ("RawDeployment", "Standard"), rollout  # the ConfigMap was read
+    (target,) = obj["status"]["targets"]
+    first_uri = target["artifact"]["uri"]
+    assert first_uri.startswith(f"s3://{BUCKET}/store/cache/"), target  # via the granted Secret
+    assert _isvc(plane, name)["spec"]["predictor"]["model"]["storageUri"] == first_uri
+    assert mlflow.get_registered_model(model).aliases == {"cpu-amd64-avx2": target["registeredVersion"]}
+
+    # A new generation: a canary next to the serving model (a patch), then promoted (a patch).
+    patch = json.dumps({"spec": {"validation": {"samples": 3}}})
+    plane.kubectl("patch", "cmodel", name, "-n", WATCH_NS, "--type=merge", "-p", patch)
+    obj = wait_for("promoted", lambda: _rolled_out(plane, name, 2), timeout=300)
+    (rollout,) = obj["status"]["rollouts"]
+    (target,) = obj["status"]["targets"]
+    assert rollout["phase"] == "Ready" and target["artifact"]["uri"] != first_uri, obj["status"]
+    # KServe's CRD was read (it has spec.canary): the canary ran as its own predictor Deployment.
+    assert any(re.search(r"-c[0-9a-f]{8}-predictor$", d) for d in serving.created), serving.created
+    isvc = _isvc(plane, name)
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == target["artifact"]["uri"]
+    assert not isvc["spec"].get("canary"), isvc["spec"]
+    assert mlflow.get_registered_model(model).aliases == {"cpu-amd64-avx2": target["registeredVersion"]}
+
+    events = plane.kubectl("get", "events", "-n", WATCH_NS, "-o", "json").stdout
+    reasons = {e["reason"] for e in json.loads(events)["items"] if e["involvedObject"]["name"] == name}
+    assert {"RolloutCreate", "RolloutUpdate", "RolloutPromote", "AliasMoved"} <= reasons, reasons
+    assert not reasons & {"CredentialsUnavailable", "RolloutFailed", "RegistryFailed"}, reasons
+    log = installed["log"].read_text()
+    assert "403" not in log and "Forbidden" not in log, log[-3000:]
+    # Asked now that KServe's CRD exists (kubectl cannot resolve the resource before): what it did
+    # above, and no more; an InferenceService goes with its CompiledModel through its ownerReference.
+    for verb, namespace, allowed in [
+        ("get", WATCH_NS, True),
+        ("create", WATCH_NS, True),
+        ("patch", WATCH_NS, True),
+        ("delete", WATCH_NS, False),
+        ("update", WATCH_NS, False),
+        ("create", "default", False),
+    ]:
+        assert can_i(plane, verb, "inferenceservices.serving.kserve.io", namespace) is allowed, verb

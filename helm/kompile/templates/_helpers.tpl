@@ -49,10 +49,10 @@ needs (watching, its progress annotations, events); nothing else.
 - apiGroups: ["kompile.dev"]
   resources: ["compiledmodels"]
   verbs: ["get", "list", "watch", "patch"]
-# The typed status is written only through the status subresource.
+# The typed status is written only through the status subresource (a merge patch; never read there).
 - apiGroups: ["kompile.dev"]
   resources: ["compiledmodels/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # Compile Jobs: created with deterministic names, watched for ends, deleted when superseded.
 - apiGroups: ["batch"]
   resources: ["jobs"]
