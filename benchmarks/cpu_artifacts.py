@@ -162,7 +162,8 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
     callers: dict[str, Caller] = {"eager": partial(torch_call, model)}
     if args.torch_compile:
         add_torch_compile(model, case, feeds, reference, runtimes, callers)
-    add_artifacts(onnx_path, work / case.name, threads, feeds, reference, runtimes, callers)
+    artifacts = [(n, p, q, {}) for n, p, q in ARTIFACTS if not args.only or n in args.only] + args.artifact
+    add_artifacts(artifacts, onnx_path, work / case.name, threads, feeds, reference, runtimes, callers)
     report["runtimes"] = runtimes
     report["latency"], report["discarded_rounds"] = {}, {}
     for batch in args.batch_sizes:
@@ -193,7 +194,20 @@ def add_torch_compile(
     callers["torch.compile"] = partial(torch_call, compiled)
 
 
+Spec = tuple[str, Precision, Quantization | None, dict[str, str]]
+
+
+def parse_artifact(text: str) -> Spec:
+    """name=precision[/quantization][:key=value,key=value]: an extra ONNX Runtime artifact."""
+    name, _, rest = text.partition("=")
+    kind, _, opts = rest.partition(":")
+    precision, _, quantization = kind.partition("/")
+    options = dict(kv.split("=", 1) for kv in opts.split(",") if kv)
+    return name, precision, quantization or None, options  # type: ignore[return-value]
+
+
 def add_artifacts(
+    artifacts: list[Spec],
     onnx_path: Path,
     out: Path,
     threads: int,
@@ -204,8 +218,10 @@ def add_artifacts(
 ) -> None:
     """Build, load and validate each ONNX Runtime artifact (the reference inputs calibrate static int8)."""
     backend = get_backend("onnxruntime")
-    for name, precision, quantization in ARTIFACTS:
-        target = Target(name=name, backend="onnxruntime", precision=precision, quantization=quantization)
+    for name, precision, quantization, options in artifacts:
+        target = Target(
+            name=name, backend="onnxruntime", precision=precision, quantization=quantization, options=options
+        )
         start = time.perf_counter()
         request = CompileRequest(
             onnx_path, out / name, target, signature=[], calibration=feeds, threads=threads
@@ -288,6 +304,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="default: every core this process may use")
     p.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
+    p.add_argument(
+        "--only", type=lambda s: s.split(","), default=None, help="build only these standard artifacts"
+    )
+    p.add_argument(
+        "--artifact",
+        type=parse_artifact,
+        action="append",
+        default=[],
+        help="extra artifact: name=precision[/quantization][:key=value,...] (ONNX Runtime options)",
+    )
     p.add_argument("--work-dir", type=Path, default=None, help="keep exported and compiled files here")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     args = p.parse_args(argv)

@@ -540,14 +540,19 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM tears down like Ctrl-C
+def _begin_teardown(signum: int, frame: object) -> None:
+    """SIGTERM tears down like Ctrl-C; a second signal (make forwards SIGTERM to its children, a
+    user presses Ctrl-C twice) must not cut the teardown short and leave servers running."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="kompile-devcluster-"))
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, _begin_teardown)
+    signal.signal(signal.SIGINT, _begin_teardown)
     try:
         plane = ControlPlane(
             find_bin_dir(), work_dir, controllers=not args.no_controllers, kwok=not args.no_kwok

@@ -135,7 +135,15 @@ class KubeletStandIn:
                 ):
                     pod = ev["object"]
                     key = f"{pod.metadata.namespace}/{pod.metadata.name}"
-                    if ev["type"] != "DELETED" and pod.status.phase == "Pending" and key not in self._started:
+                    # Only pods with a command can run as a local process (compile Jobs); others
+                    # (an image's entrypoint, the chart's operator) stay Pending, as with no image.
+                    runnable = bool(pod.spec.containers and pod.spec.containers[0].command)
+                    if (
+                        ev["type"] != "DELETED"
+                        and pod.status.phase == "Pending"
+                        and runnable
+                        and key not in self._started
+                    ):
                         self._started.add(key)
                         threading.Thread(target=self._run_pod, args=(pod,), daemon=True).start()
                     if self._stop.is_set():
