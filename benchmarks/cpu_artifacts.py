@@ -52,11 +52,11 @@ class ModelCase:
     dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
-def _image(rng: np.random.Generator, batch: int) -> Feeds:
+def image_feeds(rng: np.random.Generator, batch: int) -> Feeds:
     return {"input": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
 
 
-def _tokens(rng: np.random.Generator, batch: int) -> Feeds:
+def token_feeds(rng: np.random.Generator, batch: int) -> Feeds:
     mask = np.ones((batch, SEQ), dtype=np.int64)
     for row in range(1, batch):  # right padding of varying length on all but the first row
         mask[row, int(rng.integers(SEQ // 2, SEQ)) :] = 0
@@ -69,7 +69,7 @@ CASES = {
         "models.cnn:resnet50",
         ["input"],
         "logits",
-        _image,
+        image_feeds,
         {"input": {0: "batch"}, "logits": {0: "batch"}},
     ),
     "bert_base": ModelCase(
@@ -77,7 +77,7 @@ CASES = {
         "models.transformer:bert_base",
         ["input_ids", "attention_mask"],
         "last_hidden_state",
-        _tokens,
+        token_feeds,
         {
             "input_ids": {0: "batch", 1: "seq"},
             "attention_mask": {0: "batch", 1: "seq"},

@@ -33,6 +33,9 @@ from kompile.compile_jobs.backends.base import CompileRequest, Feeds, Runner, ge
 from kompile.compile_jobs.benchmark import time_interleaved  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from cpu_artifacts import image_feeds, token_feeds  # noqa: E402  (same inputs as the CPU benchmark)
+
 Array = np.ndarray[Any, Any]
 SEQ = 128
 Call = Callable[[], object]
@@ -50,17 +53,6 @@ def _batch_dim(max_batch: int) -> dict[str, Any]:
     return {"axis": 0, "name": "batch", "min": 1, "opt": max_batch, "max": max_batch}
 
 
-def _image(rng: np.random.Generator, batch: int) -> Feeds:
-    return {"input": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
-
-
-def _tokens(rng: np.random.Generator, batch: int) -> Feeds:
-    mask = np.ones((batch, SEQ), dtype=np.int64)
-    for row in range(1, batch):  # right padding of varying length on all but the first row
-        mask[row, int(rng.integers(SEQ // 2, SEQ)) :] = 0
-    return {"input_ids": rng.integers(0, 30522, (batch, SEQ)).astype(np.int64), "attention_mask": mask}
-
-
 def cases(max_batch: int) -> dict[str, ModelCase]:
     image = {"name": "input", "shape": [-1, 3, 224, 224], "dynamicDims": [_batch_dim(max_batch)]}
     tokens = [
@@ -68,12 +60,14 @@ def cases(max_batch: int) -> dict[str, ModelCase]:
         for n in ("input_ids", "attention_mask")
     ]
     return {
-        "resnet50": ModelCase("resnet50", "models.cnn:resnet50", [InputSpec.model_validate(image)], _image),
+        "resnet50": ModelCase(
+            "resnet50", "models.cnn:resnet50", [InputSpec.model_validate(image)], image_feeds
+        ),
         "bert_base": ModelCase(
             "bert_base",
             "models.transformer:bert_base",
             [InputSpec.model_validate(t) for t in tokens],
-            _tokens,
+            token_feeds,
         ),
     }
 

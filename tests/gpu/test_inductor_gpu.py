@@ -3,39 +3,19 @@ and timed against it. Skipped where torch sees no CUDA device."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from kompile.api.spec import InputSpec, Target  # noqa: E402
-from kompile.compile_jobs.backends.base import CompileRequest, Feeds, get_backend  # noqa: E402
+from kompile.api.spec import Target  # noqa: E402
+from kompile.compile_jobs.backends.base import CompileRequest, get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import time_interleaved  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
+from tests.gpu.common import GPU_ONLY, IMAGE, image_feeds  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA"),
-]
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-IMAGE = InputSpec.model_validate(
-    {
-        "name": "input",
-        "shape": [-1, 3, 32, 32],
-        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 8, "max": 64}],
-    }
-)
-
-
-def _feeds(batch: int, count: int) -> list[Feeds]:
-    rng = np.random.default_rng(batch)
-    return [{"input": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)} for _ in range(count)]
+pytestmark = GPU_ONLY
 
 
 @pytest.mark.parametrize("cuda_graphs", ["false", "true"])
@@ -52,7 +32,7 @@ def test_fp16_cuda_package_validates_and_is_timed(tmp_path: Path, cuda_graphs: s
         out_dir=tmp_path,
         target=target,
         signature=[IMAGE],
-        calibration=_feeds(8, 2),
+        calibration=image_feeds(8, 2),
         module=model,
         device="cuda",
     )
@@ -61,14 +41,14 @@ def test_fp16_cuda_package_validates_and_is_timed(tmp_path: Path, cuda_graphs: s
     assert artifact.toolchain["cuda"] and artifact.toolchain["computeCapability"]
     runner = backend.load(artifact, device="cuda")
     for batch in (1, 32):
-        feeds = _feeds(batch, 3)
+        feeds = image_feeds(batch, 3)
         with torch.no_grad():
             reference = [[model(torch.from_numpy(f["input"])).numpy()] for f in feeds]
         cand = [runner.run(f) for f in feeds]
         result = compare(reference, cand, runner.output_names, resolve_thresholds("fp16"))
         assert result.passed, result.failures
     gpu_model = small_cnn().cuda()
-    feed = _feeds(32, 1)[0]
+    feed = image_feeds(32, 1)[0]
 
     def eager() -> None:  # host to device and back, as the runner does
         with torch.no_grad():

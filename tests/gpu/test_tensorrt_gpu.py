@@ -3,41 +3,21 @@ against the eager model, time it, reuse the timing cache. Skipped without a CUDA
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 trt = pytest.importorskip("tensorrt")
 pytest.importorskip("modelopt.onnx.autocast")
 
-from kompile.api.spec import InputSpec, Precision, Target  # noqa: E402
-from kompile.compile_jobs.backends.base import CompileRequest, Feeds, get_backend  # noqa: E402
+from kompile.api.spec import Precision, Target  # noqa: E402
+from kompile.compile_jobs.backends.base import CompileRequest, get_backend  # noqa: E402
 from kompile.compile_jobs.trt import cache, plan  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
+from tests.gpu.common import GPU_ONLY, IMAGE, image_feeds  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA"),
-]
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-IMAGE = InputSpec.model_validate(
-    {
-        "name": "input",
-        "shape": [-1, 3, 32, 32],
-        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 8, "max": 64}],
-    }
-)
-
-
-def _feeds(batch: int, count: int) -> list[Feeds]:
-    rng = np.random.default_rng(batch)
-    return [{"input": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)} for _ in range(count)]
+pytestmark = GPU_ONLY
 
 
 def _export(model: torch.nn.Module, path: Path) -> Path:
@@ -65,7 +45,7 @@ def test_build_validate_and_time(
     assert backend.unavailable_reason() is None
     model = small_cnn()
     onnx_path = _export(model, tmp_path / "small_cnn.onnx")
-    feeds = _feeds(4, 8)
+    feeds = image_feeds(4, 8)
     target = Target(name=f"gpu-{precision}", backend="tensorrt", precision=precision)
     request = CompileRequest(
         onnx_path,
@@ -91,9 +71,9 @@ def test_build_validate_and_time(
     result = compare(reference, [runner.run(f) for f in feeds], ["logits"], resolve_thresholds(precision))
     assert result.passed, result.failures
     for batch in (1, 64):  # both ends of the profile
-        (out,) = runner.run(_feeds(batch, 1)[0])
+        (out,) = runner.run(image_feeds(batch, 1)[0])
         assert out.shape == (batch, 10)
-    times = runner.time_ms(_feeds(8, 1)[0], iterations=50)
+    times = runner.time_ms(image_feeds(8, 1)[0], iterations=50)
     print(f"{precision}: p50 {sorted(times)[len(times) // 2]:.4f} ms at batch 8, {artifact.options}")
 
     # A second build reads the class's timing cache and writes it back.
