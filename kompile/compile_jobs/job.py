@@ -24,6 +24,7 @@ from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
 from kompile.compile_jobs.sources import SourceError
+from kompile.compile_jobs.trt.cache import StoreSync, sync_for_this_machine
 
 EXIT_VERDICT = 0
 EXIT_BAD_INPUT = 2
@@ -57,6 +58,30 @@ def _failed(target: Target, reason: str, message: str, hw_class: str) -> TargetS
     )
 
 
+def _pull_timing_cache(endpoint: str | None) -> StoreSync | None:
+    """The class's TensorRT timing cache from the store (GPU Jobs only); a cache is only a speed-up,
+    so a store error is reported and the build goes on without it."""
+    try:
+        sync = sync_for_this_machine(endpoint)
+        if sync is not None:
+            found = sync.pull()
+            print(f"kompile-job: timing cache {sync.remote}: {'pulled' if found else 'none yet'}", flush=True)
+        return sync
+    except StoreError as err:
+        print(f"kompile-job: timing cache not pulled: {err}", file=sys.stderr)
+        return None
+
+
+def _push_timing_cache(sync: StoreSync | None) -> None:
+    if sync is None:
+        return
+    try:
+        if sync.push():
+            print(f"kompile-job: timing cache {sync.remote}: pushed", flush=True)
+    except (StoreError, OSError) as err:
+        print(f"kompile-job: timing cache not pushed: {err}", file=sys.stderr)
+
+
 def main() -> None:
     doc = json.loads(_env("KOMPILE_COMPILED_MODEL"))
     target = Target.model_validate_json(_env("KOMPILE_TARGET"))
@@ -77,6 +102,7 @@ def main() -> None:
         device=os.environ.get("KOMPILE_DEVICE") or None,
     )
     reporter = LogReporter(lambda m: print(m, flush=True))
+    timing = _pull_timing_cache(endpoint)
     try:
         result = run_pipeline(cm, opts, reporter)
     except (SourceError, ExportError, InputMismatch) as err:
@@ -84,6 +110,7 @@ def main() -> None:
         _terminate(compact_result(ts, None, None))
         print(f"kompile-job: {err}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    _push_timing_cache(timing)
     status = result.status.targets[0]
     version = result.built[0].params.get("backend_version") if result.built else None
     if result.built:

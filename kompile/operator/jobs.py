@@ -75,6 +75,10 @@ def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings)
         {"name": "TMPDIR", "value": "/scratch"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    if rt.gpu:
+        # TensorRT timing caches are shared per (GPU class, TensorRT version) beside the cache.
+        root = prefix.rsplit("/cache/", 1)[0]
+        env.append({"name": "KOMPILE_TIMING_CACHE_URI", "value": f"{root}/timing-caches"})
     endpoint = (registry.s3_endpoint if registry else None) or settings.s3_endpoint
     if endpoint:
         env.append({"name": "KOMPILE_S3_ENDPOINT", "value": endpoint})

@@ -140,6 +140,7 @@ def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert container["image"] == "example/compile-gpu:1" and env["KOMPILE_DEVICE"] == "cuda"
+    assert env["KOMPILE_TIMING_CACHE_URI"] == "s3://bucket/timing-caches"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in job["spec"]["template"][
         "spec"
@@ -151,7 +152,7 @@ def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
             "env"
         ]
     }
-    assert cpu_env["KOMPILE_DEVICE"] == "cpu"
+    assert cpu_env["KOMPILE_DEVICE"] == "cpu" and "KOMPILE_TIMING_CACHE_URI" not in cpu_env
 
 
 def test_auto_target_on_a_gpu_selector_is_a_gpu_target() -> None:

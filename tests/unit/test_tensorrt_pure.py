@@ -253,3 +253,22 @@ def test_modelopt_pins_match_the_extra() -> None:
     extra_pins = {r.split("==")[0].lower(): r.split("==")[1] for r in extra if "==" in r}
     assert extra_pins == pins
     assert "nvidia-modelopt" in pins and not any("onnxruntime" in p for p in pins)
+
+
+def test_timing_cache_travels_through_the_store(tmp_path: Path) -> None:
+    """A GPU Job pulls its class's timing cache before the build and pushes it back when it grew,
+    so the next build of that class (on any node) starts from it."""
+    from kompile.compile_jobs.trt.cache import store_sync
+
+    store = (tmp_path / "store" / "timing-caches").as_uri()
+    first = store_sync(store, tmp_path / "job1", "gpu-nvidia-l4-sm89", "10.13.3.9", None)
+    assert not first.pull() and not first.push()  # nothing stored, nothing built
+    first.local.parent.mkdir(parents=True)
+    first.local.write_bytes(b"tactics v1")
+    assert first.push()
+    assert not first.push()  # unchanged since: no write
+    second = store_sync(store, tmp_path / "job2", "gpu-nvidia-l4-sm89", "10.13.3.9", None)
+    assert second.pull() and second.local.read_bytes() == b"tactics v1"
+    assert second.remote.endswith("/gpu-nvidia-l4-sm89/tensorrt-10.13.3.9.cache")
+    other = store_sync(store, tmp_path / "job3", "gpu-nvidia-h100-sm90", "10.13.3.9", None)
+    assert not other.pull()  # another class's timings never apply
