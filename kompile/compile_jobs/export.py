@@ -21,6 +21,7 @@ import numpy as np
 from kompile.api.spec import InputSpec
 from kompile.compile_jobs.inputs import Feed
 from kompile.compile_jobs.sources import LoadedSource
+from kompile.compile_jobs.triton import TensorSpec
 
 OPSET = 17
 
@@ -91,6 +92,32 @@ def _construct(err: BaseException) -> str:
     return _first_line(err)
 
 
+def names_for_outputs(count: int) -> list[str]:
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+def torch_io(
+    module: Any, signature: Sequence[InputSpec], output_names: Sequence[str]
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Serving tensor specs without an ONNX graph: inputs from the signature; outputs from eager
+    runs with every dynamic dim at two sizes (an output dim that moves with them is dynamic)."""
+    from kompile.compile_jobs.inputs import generate_feeds
+
+    dims = [d for s in signature for d in s.dynamic_dims or []]
+    low = {d.name: d.opt for d in dims}
+    high = {d.name: d.max if d.max != d.opt else d.min for d in dims}
+    a = eager_outputs(module, generate_feeds(signature, 1, 0, low), signature)[0]
+    b = eager_outputs(module, generate_feeds(signature, 1, 0, high), signature)[0]
+    ins = [TensorSpec(s.name, s.dtype, tuple(s.shape)) for s in signature]
+    outs = [
+        TensorSpec(
+            name, str(x.dtype), tuple(-1 if p != q else p for p, q in zip(x.shape, y.shape, strict=True))
+        )
+        for name, x, y in zip(output_names, a, b, strict=True)
+    ]
+    return ins, outs
+
+
 def export_onnx(
     loaded: LoadedSource,
     signature: Sequence[InputSpec],
@@ -108,8 +135,7 @@ def export_onnx(
     dynamic_axes: dict[str, dict[int, str]] = {
         s.name: {d.axis: d.name for d in s.dynamic_dims} for s in signature if s.dynamic_dims
     }
-    outputs = eager_outputs(module, [example], signature)[0]
-    output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+    output_names = names_for_outputs(len(eager_outputs(module, [example], signature)[0]))
     batch_axes = {d.axis: d.name for d in (signature[0].dynamic_dims or []) if d.axis == 0}
     for name in output_names:
         if batch_axes:

@@ -130,13 +130,19 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     loaded = sources.load_source(spec.source, opts.base_dir, opts.work_dir / "cache", s3_endpoint, tracking)
     status.source_digest = loaded.digest
     feeds = _reference_feeds(cm, opts.base_dir)
-    reporter.stage(None, f"exporting {loaded.label} to ONNX")
-    onnx_path, output_names = export.export_onnx(
-        loaded, spec.inputs, feeds[0], opts.work_dir / "export" / "model.onnx"
+    onnx_path: Path | None = None
+    if loaded.module is None or _consumes_onnx(targets, opts):
+        reporter.stage(None, f"exporting {loaded.label} to ONNX")
+        onnx_path, output_names = export.export_onnx(
+            loaded, spec.inputs, feeds[0], opts.work_dir / "export" / "model.onnx"
+        )
+    reference_runner = (
+        None if loaded.module is not None or onnx_path is None else _onnx_reference(onnx_path, threads)
     )
-    reference_runner = None if loaded.module is not None else _onnx_reference(onnx_path, threads)
     reporter.stage(None, f"computing reference outputs on {len(feeds)} samples")
     reference = _reference_outputs(loaded, reference_runner, feeds, cm)
+    if onnx_path is None:
+        output_names = export.names_for_outputs(len(reference[0]))
     if not all(np.isfinite(o).all() for outs in reference for o in outs):
         raise sources.SourceError(
             f"the source model {loaded.label} itself yields NaN or Inf on the reference inputs: nothing "
@@ -165,6 +171,16 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     return result
 
 
+def _consumes_onnx(targets: Sequence[Target], opts: PipelineOptions) -> bool:
+    """Whether any backend of the run compiles the ONNX export (inductor compiles the module, so a
+    run of inductor targets alone neither pays for the export nor fails on what it cannot hold)."""
+    for t in targets:
+        cands = candidate_targets(t, _device(t, opts)) if is_multi(t) else [t]
+        if any(c.backend != "inductor" for c in cands):
+            return True
+    return False
+
+
 def _batch_sizes(cm: CompiledModel) -> list[int]:
     """Benchmark batch sizes plus any a target's selection decides at."""
     sizes = list(cm.spec.benchmark.batch_sizes)
@@ -178,7 +194,7 @@ def _batch_sizes(cm: CompiledModel) -> list[int]:
 @dataclass
 class _BuildContext:
     cm: CompiledModel
-    onnx_path: Path
+    onnx_path: Path | None
     output_names: list[str]
     feeds: list[inputs.Feed]
     reference: list[list[Any]]
@@ -316,7 +332,10 @@ def _build_target(
     ts.validation_seconds = round(time.perf_counter() - started, 3)
     digest = sources.sha256_file(artifact.model_path)
     repo_root = opts.artifact_root / cm.metadata.name / f"{repo_name}-{digest.split(':')[1][:12]}"
-    in_specs, out_specs = triton.onnx_io(onnx_path)
+    if onnx_path is not None:
+        in_specs, out_specs = triton.onnx_io(onnx_path)
+    else:
+        in_specs, out_specs = export.torch_io(ctx.loaded.module, cm.spec.inputs, ctx.output_names)
     if artifact.triton_platform == triton.AOTI_PLATFORM:
         in_specs, out_specs = triton.aoti_io(in_specs, out_specs, target.precision)
     max_batch = _max_batch(cm)

@@ -177,3 +177,32 @@ def test_bert_example_runs_end_to_end_with_auto_candidates(kompile_run, write_ma
         "inductor-fp32": "Succeeded",
     }
     assert auto["backend"] == auto["selection"]["winner"].split("-")[0]
+
+
+def test_inductor_only_targets_skip_the_onnx_export(tmp_path: Path, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    """Inductor compiles the module itself: no ONNX export is made (or can fail), and the Triton
+    config takes its tensor specs from the signature and eager runs at two sizes."""
+    import yaml
+
+    from kompile.api.resource import load_manifest
+    from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
+    from tests.pipeline.conftest import EXAMPLES
+
+    doc = yaml.safe_load((EXAMPLES / "bert-base.yaml").read_text())
+    doc["spec"]["source"]["uri"] = "python://models.transformer:bert_tiny"
+    for spec in doc["spec"]["inputs"]:
+        spec["high"] = 1000 if spec["name"] == "input_ids" else spec["high"]
+        spec["dynamicDims"][1]["max"] = 128
+    doc["spec"]["targets"] = [{"name": "cpu", "backend": "inductor"}]
+    doc["spec"]["benchmark"] = {"batchSizes": [1], "warmup": 1, "iterations": 2}
+    lines: list[str] = []
+    opts = PipelineOptions(base_dir=tmp_path, work_dir=tmp_path / "w", artifact_root=tmp_path / "a")
+    result = run_pipeline(load_manifest(write_manifest(doc)), opts, LogReporter(lines.append))
+    (t,) = result.status.targets
+    assert t.phase == "Succeeded", t.message
+    assert not any("to ONNX" in line for line in lines) and not (tmp_path / "w" / "export").exists()
+    config = (result.built[0].repo_dir / "bert-base" / "config.pbtxt").read_text()
+    assert 'platform: "torch_aoti"' in config and "max_batch_size: 32" in config
+    # batch is Triton's; the sequence stays dynamic on inputs and output, hidden size is fixed
+    assert 'name: "ARGS[0]"\n    data_type: TYPE_INT64\n    dims: [ -1 ]' in config
+    assert 'name: "RESULT"\n    data_type: TYPE_FP32\n    dims: [ -1, 128 ]' in config

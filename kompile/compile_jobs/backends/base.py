@@ -35,8 +35,9 @@ class BackendUnavailable(BackendError):
 class CompileRequest:
     """Everything a backend needs to build one target's artifact."""
 
-    onnx_path: Path
-    """The source model exported to ONNX at fp32 (dynamic axes where the signature says)."""
+    onnx_path: Path | None
+    """The source model exported to ONNX at fp32 (dynamic axes where the signature says); None
+    when no target of the run consumes ONNX (inductor compiles from the module)."""
     out_dir: Path
     """Scratch folder for this target; the artifact file is written inside it."""
     target: Target
@@ -49,6 +50,14 @@ class CompileRequest:
     device: str = "cpu"
     """cpu or cuda: the device of the hardware class the artifact is built for (one of the
     backend's `devices`)."""
+
+    def onnx(self) -> Path:
+        """The exported graph, for backends that compile from ONNX."""
+        if self.onnx_path is None:
+            raise BackendError(
+                f"target {self.target.name!r}: this backend compiles the ONNX export, which was not made"
+            )
+        return self.onnx_path
 
 
 @dataclass

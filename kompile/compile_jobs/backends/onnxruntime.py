@@ -432,7 +432,7 @@ class OnnxRuntimeBackend(Backend):
                 f"target {target.name!r}: onnxruntime builds {precisions}, not {target.precision}"
             )
         opts = parse_options(target.options)
-        model = load_checked(request.onnx_path)
+        model = load_checked(request.onnx())
         work = request.out_dir / "work"
         work.mkdir(parents=True, exist_ok=True)
         threads = int(opts["intraOpThreads"]) or request.threads or available_cores()
@@ -446,7 +446,7 @@ class OnnxRuntimeBackend(Backend):
             "interOpThreads": opts["interOpThreads"],
         }
         mode = target.quantization or ("dynamic" if model_type != "none" else "static")
-        graph = request.onnx_path
+        graph = request.onnx()
         # Static QDQ quantizes plain MatMuls; the fused Attention op would keep its projections fp32.
         if model_type != "none" and not (target.precision == "int8" and mode == "static"):
             graph = fuse_transformer(graph, model, work / "fused.onnx", opts, record)

@@ -86,7 +86,7 @@ def _reference(request: CompileRequest, threads: int | None) -> list[list[Any]]:
         return [list(o) for o in eager_outputs(request.module, feeds, request.signature)]
     from kompile.compile_jobs.reference import OnnxReferenceRunner
 
-    runner = OnnxReferenceRunner(request.onnx_path, threads or 1)
+    runner = OnnxReferenceRunner(request.onnx(), threads or 1)
     return [runner.run(f) for f in feeds]
 
 
@@ -99,7 +99,7 @@ def prepare_and_check(request: CompileRequest, opts: Mapping[str, str] | None = 
     precision = request.target.precision
     excluded = [op.strip() for op in options["excludeOps"].split(",") if op.strip()]
     prepared = prep.prepare_graph(
-        request.onnx_path,
+        request.onnx(),
         precision,
         request.out_dir / "prepared",
         request.calibration,
