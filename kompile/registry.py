@@ -162,6 +162,32 @@ def record(
     return RegistryStatus(tracking_uri=tracking_uri, model_name=name, run_id=parent.info.run_id)
 
 
+def record_late(
+    cm: CompiledModel,
+    status: CompiledModelStatus,
+    records: list[TargetRecord],
+    registry: RegistryStatus,
+) -> None:
+    """Targets that settled after their generation was recorded (a hardware class that joined the
+    fleet later): child runs and versions under the generation's existing parent run."""
+    assert registry.tracking_uri and registry.model_name and registry.run_id
+    client = _client(registry.tracking_uri)
+    exp_id = client.get_run(registry.run_id).info.experiment_id
+    lineage = source_lineage(client, cm.spec.source.uri)
+    for rec in records:
+        _record_target(
+            client,
+            cm,
+            registry.model_name,
+            exp_id,
+            registry.run_id,
+            rec,
+            status.source_digest,
+            lineage,
+            False,
+        )
+
+
 def _record_target(
     client: Any,
     cm: CompiledModel,

@@ -35,9 +35,13 @@ def _params(t: TargetStatus, settings: Settings) -> dict[str, str]:
 def register_generation(
     cm: CompiledModel, status: CompiledModelStatus, settings: Settings, event: EventFn
 ) -> None:
-    """Record the settled generation in MLflow, once (status.registry.runId marks it done)."""
+    """Record the settled generation in MLflow, once (status.registry.runId marks it done); a
+    target built after that (a class that joined the fleet) is added to the same parent run."""
     uri = tracking_uri(cm, settings)
-    if uri is None or (status.registry is not None and status.registry.run_id):
+    if uri is None:
+        return
+    if status.registry is not None and status.registry.run_id:
+        _register_late(cm, status, settings, event)
         return
     from mlflow.exceptions import MlflowException
 
@@ -52,6 +56,25 @@ def register_generation(
         return
     versions = ", ".join(f"{t.name}=v{t.registered_version}" for t in status.targets if t.registered_version)
     event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions or 'no version'}")
+
+
+def _register_late(
+    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, event: EventFn
+) -> None:
+    late = [t for t in status.targets if t.artifact is not None and not t.registered_version]
+    if not late or status.registry is None:
+        return
+    from mlflow.exceptions import MlflowException
+
+    from kompile.registry import TargetRecord, record_late
+
+    try:
+        record_late(cm, status, [TargetRecord(t, None, _params(t, settings)) for t in late], status.registry)
+    except (MlflowException, OSError) as err:
+        event("Warning", "RegistryFailed", f"MLflow: {type(err).__name__}: {str(err)[:300]}")
+        return
+    versions = ", ".join(f"{t.name}=v{t.registered_version}" for t in late if t.registered_version)
+    event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions}")
 
 
 def move_alias(
