@@ -100,6 +100,27 @@ def put_tree(
     return uri
 
 
+def object_version(
+    uri: str, endpoint: str | None = None, credentials: Credentials | None = None
+) -> str | None:
+    """An S3 object's ETag and size (what changes when it is overwritten), or None when it does
+    not exist; None for non-S3 URIs, whose files the operator cannot see."""
+    if not is_s3(uri):
+        return None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = _s3(uri)
+    try:
+        head = s3_client(endpoint, credentials).head_object(Bucket=loc.bucket, Key=loc.key)
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise _s3_error("head of", uri, err) from None
+    except BotoCoreError as err:
+        raise _s3_error("head of", uri, err) from None
+    return f"{str(head.get('ETag', '')).strip(chr(34))}:{head.get('ContentLength', '')}"
+
+
 def read_bytes(uri: str, endpoint: str | None = None, credentials: Credentials | None = None) -> bytes | None:
     """The object's bytes, or None when it does not exist."""
     if not is_s3(uri):

@@ -20,7 +20,7 @@ from kompile.api.cache import artifact_prefix, cache_key
 from kompile.api.candidates import backends_of
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
-from kompile.artifact_store import StoreError, join, read_bytes
+from kompile.artifact_store import StoreError, join, object_version, read_bytes
 from kompile.operator import metrics, tensorrt_match
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import LABEL_GENERATION, LABEL_TARGET, LABEL_UID, build_job
@@ -52,9 +52,24 @@ def store_root(cm: CompiledModel, settings: Settings) -> str:
     return store or settings.artifact_store
 
 
-def source_fingerprint(cm: CompiledModel) -> str:
-    """The source's identity for the cache key: its digest when the spec pins one, else its URI."""
-    return cm.spec.source.digest or f"uri:{cm.spec.source.uri}"
+def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, image: str | None = None) -> str:
+    """The source's identity for the cache key, without reading the model (no torch here): its
+    digest when the spec pins one; for s3:// the object's ETag and size, so a model overwritten in
+    place is compiled again; for python:// the compile image too, since the factory's code ships
+    in it; else the URI."""
+    src = cm.spec.source
+    if src.digest:
+        return src.digest
+    if src.uri.startswith("s3://") and store is not None:
+        try:
+            tag = object_version(src.uri, store.endpoint, store.credentials)
+        except StoreError:
+            tag = None  # the Job will report an unreachable source; the URI keys this attempt
+        if tag:
+            return f"s3:{src.uri}@{tag}"
+    if src.uri.startswith("python://") and image:
+        return f"uri:{src.uri}@{image}"
+    return f"uri:{src.uri}"
 
 
 @dataclass(frozen=True)
@@ -214,7 +229,7 @@ def _target(
     )
     model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
     key = cache_key(
-        source_fingerprint(cm),
+        source_fingerprint(cm, store, settings.gpu_image if rt.gpu else settings.cpu_image),
         rt.target,
         version,
         rt.hardware_class,

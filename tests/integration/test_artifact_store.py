@@ -299,3 +299,43 @@ def test_mlflow_checks_an_s3_source_only_for_relative_parts(
     # Relative parts are refused (path traversal guard), with or without a run.
     with pytest.raises(MlflowException, match="INVALID_PARAMETER_VALUE"):
         client.create_model_version(name, source=f"s3://{STORE_BUCKET}/cm/../other")
+
+
+def test_an_overwritten_s3_source_changes_the_cache_fingerprint(store_root: str) -> None:
+    """The operator cannot read the model, but an S3 object's ETag and size change when it is
+    overwritten in place: the compile cache must not hand back the old model's artifact."""
+    from kompile.api import parse_manifest
+    from kompile.operator.reconcile import StoreAccess, source_fingerprint
+
+    uri = join(store_root, "models", "m.onnx")
+    doc = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "m"},
+        "spec": {
+            "source": {"uri": uri},
+            "inputs": [{"name": "x", "shape": [1, 4]}],
+            "targets": [{"name": "cpu", "backend": "onnxruntime"}],
+        },
+    }
+    cm = parse_manifest(doc)
+    store = StoreAccess(endpoint=None, credentials=None)
+    missing = source_fingerprint(cm, store)
+    assert missing == f"uri:{uri}"
+    write_bytes(uri, b"weights v1")
+    first = source_fingerprint(cm, store)
+    write_bytes(uri, b"weights v2 (retrained)")
+    second = source_fingerprint(cm, store)
+    if store_root.startswith("s3://"):
+        assert first.startswith(f"s3:{uri}@") and first != second
+        assert source_fingerprint(cm, store) == second  # stable while the object is unchanged
+    else:
+        assert first == second == missing  # the operator cannot see the Job's local files
+    pinned = parse_manifest(
+        {**doc, "spec": {**doc["spec"], "source": {"uri": uri, "digest": "sha256:" + "0" * 64}}}
+    )
+    assert source_fingerprint(pinned, store) == "sha256:" + "0" * 64
+    python = parse_manifest(
+        {**doc, "spec": {**doc["spec"], "source": {"uri": "python://models.small:small_cnn"}}}
+    )
+    assert source_fingerprint(python, store, "img:1") != source_fingerprint(python, store, "img:2")
