@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kompile.api import parse_manifest
 from kompile.api.status import Artifact, CompiledModelStatus, TargetStatus
 from kompile.operator.lineage import register_generation
@@ -23,7 +25,10 @@ def _built(name: str, cls: str) -> TargetStatus:
     )
 
 
-def test_a_late_class_is_registered_under_the_generation_run(tmp_path: Path) -> None:
+def test_a_late_class_is_registered_under_the_generation_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a database store without a server keeps run artifacts in ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     doc = small_cnn_doc(registry={"trackingUri": uri, "artifactStore": "s3://art"})
     doc["metadata"] |= {"namespace": "ml", "uid": "u-1", "generation": 1}
