@@ -285,6 +285,14 @@ def machine(threads: int) -> dict[str, Any]:
     }
 
 
+def emit_json(doc: Any, out: Path | None) -> None:
+    """The report on stdout, and in `out` too when given."""
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if out:
+        out.write_text(text + "\n")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--models", default="resnet50,bert_base", help=f"comma-separated: {','.join(CASES)}")
@@ -342,10 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "models": [run_case(CASES[m], args, work, threads) for m in args.models.split(",")],
         }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit_json(doc, args.out)
     return 0
 
 

@@ -13,7 +13,6 @@ included, as the pipeline's runners do. Needs a GPU; exits non-zero without one:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from kompile.compile_jobs.benchmark import time_interleaved  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cpu_artifacts import image_feeds, token_feeds  # noqa: E402  (same inputs as the CPU benchmark)
+from cpu_artifacts import emit_json, image_feeds, token_feeds  # noqa: E402  (same inputs as the CPU benchmark)
 
 Array = np.ndarray[Any, Any]
 SEQ = 128
@@ -223,10 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "models": [run_case(all_cases[m], args, work) for m in args.models.split(",")],
         }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit_json(doc, args.out)
     return 0
 
 

@@ -23,6 +23,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from cpu_artifacts import emit_json  # noqa: E402
+
 from kompile.cli import app  # noqa: E402
 
 EXAMPLES = {
@@ -88,10 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "selection_message": target.get("selection", {}).get("message"),
         "candidates": cands,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit_json(report, args.out)
     return 0
 
 

@@ -34,23 +34,12 @@ def candidates_of(target: Target, device: str) -> list[Candidate]:
     """The target's candidates: its own list, the class defaults for auto, or just itself."""
     if target.candidates:
         return list(target.candidates)
-    if target.backend == "auto":
-        return [
-            Candidate(
-                backend=b,
-                precision=target.precision,
-                quantization=target.quantization,
-                options=target.options,
-            )
-            for b in AUTO_BACKENDS[device]
-        ]
+    backends = AUTO_BACKENDS[device] if target.backend == "auto" else (target.backend,)
     return [
         Candidate(
-            backend=target.backend,
-            precision=target.precision,
-            quantization=target.quantization,
-            options=target.options,
+            backend=b, precision=target.precision, quantization=target.quantization, options=target.options
         )
+        for b in backends
     ]
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kompile.api.spec import Selection, Target
+from kompile.api.spec import Target
 from kompile.api.status import CandidateStatus, TargetStatus
 from kompile.compile_jobs.backends.base import CompiledArtifact, Runner
 from kompile.compile_jobs.selection import select
@@ -53,12 +53,10 @@ class PlannedTarget:
         for b in self.built:
             yield (f"{self.target.name}/{b.target.name}" if self.multi else self.target.name), b
 
-    def finish(
-        self, batch_sizes: Sequence[int], fleet_selection: Selection | None = None
-    ) -> BuiltTarget | None:
+    def finish(self, batch_sizes: Sequence[int]) -> BuiltTarget | None:
         """Pick the winner (multi only), fold its figures into the target's status, return it."""
         ts = self.status
-        policy = self.target.selection or fleet_selection
+        policy = self.target.selection
         by_name = {b.target.name: b for b in self.built}
         timed = {
             c.name: c.latency

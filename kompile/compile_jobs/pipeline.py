@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kompile import __version__
-from kompile.api.candidates import candidate_targets, is_multi, target_device
+from kompile.api.candidates import backends_of, candidate_targets, is_multi, target_device
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import Target
 from kompile.api.status import Artifact, CompiledModelStatus, TargetStatus, summarize
@@ -159,7 +159,9 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         for label, b in p.labelled()
         if b.status.validation and b.status.validation.passed
     ]
-    status.baselines = timing.run_benchmark(cm, loaded, reference_runner, timed, _batch_sizes(cm), reporter)
+    status.baselines = timing.run_benchmark(
+        cm, loaded, reference_runner, timed, _batch_sizes(cm, targets), reporter
+    )
     for p in planned:
         built = p.finish(cm.spec.benchmark.batch_sizes) if p.multi else next(iter(p.built), None)
         status.targets.append(p.status)
@@ -174,17 +176,13 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
 def _consumes_onnx(targets: Sequence[Target], opts: PipelineOptions) -> bool:
     """Whether any backend of the run compiles the ONNX export (inductor compiles the module, so a
     run of inductor targets alone neither pays for the export nor fails on what it cannot hold)."""
-    for t in targets:
-        cands = candidate_targets(t, _device(t, opts)) if is_multi(t) else [t]
-        if any(c.backend != "inductor" for c in cands):
-            return True
-    return False
+    return any(b != "inductor" for t in targets for b in backends_of(t, _device(t, opts)))
 
 
-def _batch_sizes(cm: CompiledModel) -> list[int]:
+def _batch_sizes(cm: CompiledModel, targets: Sequence[Target]) -> list[int]:
     """Benchmark batch sizes plus any a target's selection decides at."""
     sizes = list(cm.spec.benchmark.batch_sizes)
-    for t in plan_targets(cm):
+    for t in targets:
         sel = t.selection
         if sel and sel.batch_size and sel.batch_size not in sizes:
             sizes.append(sel.batch_size)
@@ -205,10 +203,7 @@ class _BuildContext:
 
 
 def _device(target: Target, opts: PipelineOptions) -> str:
-    explicit = (target.options or {}).get("device")
-    if explicit in ("cpu", "cuda"):
-        return explicit
-    return opts.device or target_device(target)
+    return target_device(target, None if opts.device is None else opts.device == "cuda")
 
 
 def _build_all(ctx: _BuildContext, target: Target) -> PlannedTarget:

@@ -82,3 +82,27 @@ def small_cnn_doc(**spec: Any) -> dict[str, Any]:
     }
     doc["spec"].update(spec)
     return doc
+
+
+def torchscript_onnx(
+    model: Any, feed: dict[str, Any], path: Path, dynamic: dict[str, dict[int, str]], output: str
+) -> Path:
+    """The example model exported with the TorchScript exporter (opset 17), as backend tests want
+    a fixed ONNX file without running the pipeline's export stage."""
+    import warnings
+
+    import torch
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+        torch.onnx.export(
+            model,
+            tuple(torch.from_numpy(a) for a in feed.values()),
+            str(path),
+            input_names=list(feed),
+            output_names=[output],
+            dynamic_axes=dynamic,
+            opset_version=17,
+            dynamo=False,
+        )
+    return path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from kompile.compile_jobs.backends.onnxruntime import (  # noqa: E402
     parse_options,
 )
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
+from tests.pipeline.conftest import torchscript_onnx  # noqa: E402
 
 Array = np.ndarray[Any, Any]
 SEQ = 32
@@ -37,23 +37,6 @@ def backend() -> OnnxRuntimeBackend:
     b = get_backend("onnxruntime")
     assert isinstance(b, OnnxRuntimeBackend)
     return b
-
-
-def _export(model: Any, feeds: Feeds, path: Path, dynamic: dict[str, dict[int, str]], output: str) -> Path:
-    args = tuple(torch.from_numpy(a) for a in feeds.values())
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(
-            model,
-            args,
-            str(path),
-            input_names=list(feeds),
-            output_names=[output],
-            dynamic_axes=dynamic,
-            opset_version=17,
-            dynamo=False,
-        )
-    return path
 
 
 def _eager(model: Any, feeds: list[Feeds]) -> list[list[Array]]:
@@ -71,7 +54,7 @@ def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[Feeds
     path = tmp_path_factory.mktemp("cnn") / "small_cnn.onnx"
     return (
         model,
-        _export(model, feeds[0], path, {"input": {0: "batch"}, "logits": {0: "batch"}}, "logits"),
+        torchscript_onnx(model, feeds[0], path, {"input": {0: "batch"}, "logits": {0: "batch"}}, "logits"),
         feeds,
     )
 
@@ -89,7 +72,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[Feed
     model = bert_tiny()
     dyn = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "last_hidden_state")}
     path = tmp_path_factory.mktemp("bert") / "bert_tiny.onnx"
-    return model, _export(model, feeds[0], path, dyn, "last_hidden_state"), feeds
+    return model, torchscript_onnx(model, feeds[0], path, dyn, "last_hidden_state"), feeds
 
 
 def _build_and_check(

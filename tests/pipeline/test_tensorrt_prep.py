@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ pytest.importorskip("transformers")
 from kompile.api.spec import InputSpec, Precision, Target, Tolerances  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, CompileRequest, Feeds  # noqa: E402
 from kompile.compile_jobs.backends.tensorrt import CheckedGraph, prepare_and_check  # noqa: E402
+from tests.pipeline.conftest import torchscript_onnx  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
@@ -36,22 +36,6 @@ IMAGE = InputSpec.model_validate(
 )
 
 
-def _export(model: Any, feed: Feeds, path: Path, dynamic: dict[str, dict[int, str]], output: str) -> Path:
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(
-            model,
-            tuple(torch.from_numpy(a) for a in feed.values()),
-            str(path),
-            input_names=list(feed),
-            output_names=[output],
-            dynamic_axes=dynamic,
-            opset_version=17,
-            dynamo=False,
-        )
-    return path
-
-
 @pytest.fixture(scope="module")
 def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[Feeds]]:
     from models.small import small_cnn
@@ -61,7 +45,7 @@ def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[Feeds
     model = small_cnn()
     path = tmp_path_factory.mktemp("cnn") / "small_cnn.onnx"
     dyn = {"input": {0: "batch"}, "logits": {0: "batch"}}
-    return model, _export(model, feeds[0], path, dyn, "logits"), feeds
+    return model, torchscript_onnx(model, feeds[0], path, dyn, "logits"), feeds
 
 
 def _request(
@@ -156,7 +140,7 @@ def test_bert_tiny_fp16_prepared_and_checked(tmp_path: Path) -> None:
         feeds.append({"input_ids": rng.integers(0, 1000, (2, SEQ)).astype(np.int64), "attention_mask": mask})
     model = bert_tiny()
     dyn = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "last_hidden_state")}
-    path = _export(model, feeds[0], tmp_path / "bert_tiny.onnx", dyn, "last_hidden_state")
+    path = torchscript_onnx(model, feeds[0], tmp_path / "bert_tiny.onnx", dyn, "last_hidden_state")
     dims = [
         {"axis": 0, "name": "batch", "min": 1, "opt": 2, "max": 8},
         {"axis": 1, "name": "seq", "min": 1, "opt": SEQ, "max": 128},

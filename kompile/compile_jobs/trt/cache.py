@@ -87,13 +87,15 @@ def sync_for_this_machine(endpoint: str | None) -> StoreSync | None:
     store_uri, root = os.environ.get(URI_ENV), timing_cache_root()
     if not store_uri or root is None:
         return None
+    from kompile.compile_jobs.backends.base import BackendUnavailable
     from kompile.compile_jobs.hardware import local_cuda_class
+    from kompile.compile_jobs.trt.engine import trt_version
 
     gpu_class = local_cuda_class()
-    try:
-        import tensorrt
-    except ImportError:
-        return None
     if gpu_class is None:
         return None
-    return store_sync(store_uri, root, gpu_class, str(tensorrt.__version__), endpoint)
+    try:
+        version = trt_version()
+    except BackendUnavailable:
+        return None
+    return store_sync(store_uri, root, gpu_class, version, endpoint)
