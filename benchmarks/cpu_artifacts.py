@@ -25,7 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
-from kompile.api.spec import Precision, Quantization, Target  # noqa: E402
+from kompile.api.spec import Precision, Target  # noqa: E402
+from kompile.api.vocabulary import Quantization  # noqa: E402
 from kompile.compile_jobs.backends.base import CompileRequest, Feeds, Runner, get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import QuietRounds, set_threads, time_interleaved  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402

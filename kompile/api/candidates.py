@@ -3,7 +3,8 @@ compile image and the cache key), the compile Job expands the same list and buil
 
 from __future__ import annotations
 
-from kompile.api.spec import Backend, Candidate, Target
+from kompile.api.spec import Candidate, Target
+from kompile.api.vocabulary import Backend
 
 # A hardware class's default candidates for backend auto, fastest-first by expectation: the
 # selection measures anyway, the order only decides ties.

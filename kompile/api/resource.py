@@ -9,8 +9,9 @@ import yaml
 from pydantic import Field, ValidationError
 
 from kompile.api.base import ApiModel
-from kompile.api.spec import DNS_LABEL_PATTERN, CompiledModelSpec
+from kompile.api.spec import CompiledModelSpec
 from kompile.api.status import CompiledModelStatus
+from kompile.api.vocabulary import DNS_LABEL_PATTERN
 
 GROUP = "kompile.dev"
 VERSION = "v1alpha1"

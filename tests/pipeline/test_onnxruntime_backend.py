@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
-from kompile.api.spec import Precision, Quantization, Target  # noqa: E402
+from kompile.api.spec import Precision, Target  # noqa: E402
+from kompile.api.vocabulary import Quantization  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, CompileRequest, Feeds, get_backend  # noqa: E402
 from kompile.compile_jobs.backends.onnxruntime import (  # noqa: E402
     OnnxRuntimeBackend,

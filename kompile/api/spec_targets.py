@@ -1,0 +1,265 @@
+"""What to build and where: targets, their candidates and selection, the hardware a compile Job runs
+on, validation thresholds, and fleet discovery."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from kompile.api.base import ApiModel
+from kompile.api.vocabulary import (
+    DNS_LABEL_PATTERN,
+    NAME_MAX,
+    Backend,
+    Precision,
+    Quantization,
+    SelectionPolicy,
+    TargetBackend,
+    _rule,
+)
+
+
+class Resources(ApiModel):
+    """Compute resources of the compile Job's container (Kubernetes quantities)."""
+
+    requests: dict[str, str] | None = Field(default=None, description="Resource requests.")
+    limits: dict[str, str] | None = Field(default=None, description="Resource limits.")
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration for the compile Job's pod."""
+
+    key: str | None = Field(default=None, description="Taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value for the Equal operator.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty tolerates every effect."
+    )
+
+
+class Hardware(ApiModel):
+    """Where a target's compile Job runs: it must run on the hardware the artifact is built for."""
+
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Node labels the compile Job's pod must match."
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None, max_length=16, description="Tolerations added to the compile Job's pod."
+    )
+    resources: Resources | None = Field(default=None, description="Container resources.")
+    runtime_class_name: str | None = Field(
+        default=None, description="RuntimeClass of the pod (for example nvidia)."
+    )
+
+
+class Tolerances(ApiModel):
+    """Validation thresholds. Unset fields take the defaults of the target's precision."""
+
+    max_abs_error: float | None = Field(
+        default=None, ge=0, description="Largest allowed absolute difference of any output element."
+    )
+    max_rel_error: float | None = Field(
+        default=None, ge=0, description="Largest allowed relative difference (|a-b| / (|b| + eps))."
+    )
+    min_cosine: float | None = Field(
+        default=None, ge=-1, le=1, description="Smallest allowed cosine similarity per output."
+    )
+    min_top_k_agreement: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Smallest share of samples whose top-k classes match (classifier outputs).",
+    )
+    top_k: int | None = Field(default=None, ge=1, le=100, description="k for top-k agreement.")
+
+
+class Candidate(ApiModel):
+    """One way to build a target: a backend at a precision with options. Compiled, validated and
+    timed beside the target's other candidates."""
+
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule(
+                    "!has(self.quantization) || !has(self.precision) || self.precision == 'int8'",
+                    "quantization applies only to precision int8",
+                    ".quantization",
+                )
+            ]
+        }
+    }
+
+    name: str | None = Field(
+        default=None,
+        max_length=NAME_MAX,
+        pattern=DNS_LABEL_PATTERN,
+        description="Candidate name, unique in the target; default <backend>-<precision>.",
+    )
+    backend: Backend = Field(description="Compiler that builds this candidate.")
+    precision: Precision | None = Field(
+        default=None, description="Precision of this candidate; default: the target's precision."
+    )
+    quantization: Quantization | None = Field(
+        default=None, description="int8 only: dynamic (weights) or static (calibrated)."
+    )
+    options: dict[str, str] | None = Field(
+        default=None, description="Options of this candidate's backend (see docs/backends.md)."
+    )
+
+    @model_validator(mode="after")
+    def _quantization_needs_int8(self) -> Candidate:
+        if self.quantization is not None and self.precision not in (None, "int8"):
+            raise ValueError(
+                f"candidate {self.name or self.backend!r}: quantization applies only to precision int8"
+            )
+        return self
+
+
+class Selection(ApiModel):
+    """How the winner among a target's candidates is chosen (only validated candidates compete)."""
+
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule(
+                    "self.policy != 'maxThroughput' || has(self.latencyBudgetMs)",
+                    "policy maxThroughput needs latencyBudgetMs",
+                    ".latencyBudgetMs",
+                )
+            ]
+        }
+    }
+
+    policy: SelectionPolicy = Field(
+        default="minLatency",
+        description=(
+            "minLatency: lowest median latency at batchSize. maxThroughput: highest throughput at "
+            "any timed batch size whose p90 latency stays within latencyBudgetMs."
+        ),
+    )
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="minLatency: batch size compared (timed even if not in benchmark.batchSizes); "
+        "default: the first of benchmark.batchSizes.",
+    )
+    latency_budget_ms: float | None = Field(
+        default=None, gt=0, description="maxThroughput: the p90 latency a batch size must stay within."
+    )
+
+    @model_validator(mode="after")
+    def _budget(self) -> Selection:
+        if self.policy == "maxThroughput" and self.latency_budget_ms is None:
+            raise ValueError("selection policy maxThroughput needs latencyBudgetMs")
+        return self
+
+
+class Target(ApiModel):
+    """One compiled artifact to produce: a backend at a precision, for one class of hardware."""
+
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule(
+                    "!has(self.quantization) || self.precision == 'int8'",
+                    "quantization applies only to precision int8",
+                    ".quantization",
+                ),
+                _rule(
+                    "!has(self.candidates) || self.backend == 'auto'",
+                    "with candidates, set backend to auto (or leave it unset): each candidate names "
+                    "its own backend",
+                    ".backend",
+                ),
+                _rule(
+                    "!has(self.candidates) || self.candidates.all(c, !has(c.name) || "
+                    "self.candidates.exists_one(d, has(d.name) && d.name == c.name))",
+                    "candidate names must be unique in a target",
+                    ".candidates",
+                ),
+            ]
+        }
+    }
+
+    name: str = Field(
+        description="Target name, unique in the CompiledModel (a DNS label).",
+        min_length=1,
+        max_length=NAME_MAX,
+        pattern=DNS_LABEL_PATTERN,
+    )
+    backend: TargetBackend = Field(
+        default="auto",
+        description=(
+            "Compiler that builds the artifact, or auto: the hardware class's default candidates "
+            "(CPU: onnxruntime and inductor; GPU: tensorrt and inductor) that support the precision."
+        ),
+    )
+    precision: Precision = Field(default="fp32", description="Numeric precision of the artifact.")
+    quantization: Quantization | None = Field(
+        default=None,
+        description="int8 only: dynamic (weights) or static (calibrated on reference inputs).",
+    )
+    hardware: Hardware | None = Field(
+        default=None, description="Node selection and resources for this target's compile Job."
+    )
+    options: dict[str, str] | None = Field(
+        default=None, description="Backend options (for example intraOpThreads, optLevel)."
+    )
+    tolerances: Tolerances | None = Field(
+        default=None, description="Validation thresholds for this target; override spec.validation."
+    )
+    candidates: list[Candidate] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description=(
+            "Ways to build this target, each compiled, validated and timed; the fastest validated "
+            "one (per selection) is the target's artifact. Needs backend auto."
+        ),
+    )
+    selection: Selection | None = Field(
+        default=None, description="How the winner among candidates is chosen; default minLatency."
+    )
+
+    @model_validator(mode="after")
+    def _quantization_needs_int8(self) -> Target:
+        if self.quantization is not None and self.precision != "int8":
+            raise ValueError(
+                f"target {self.name!r}: quantization applies only to precision int8 "
+                f"(precision is {self.precision})"
+            )
+        if self.candidates and self.backend != "auto":
+            raise ValueError(
+                f"target {self.name!r}: with candidates, set backend to auto (or leave it unset): "
+                "each candidate names its own backend"
+            )
+        names = [c.name for c in self.candidates or [] if c.name]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"target {self.name!r}: candidate names must be unique, repeated: {dup}")
+        return self
+
+
+class Fleet(ApiModel):
+    """Fleet discovery: one target per hardware class found among the cluster's Nodes."""
+
+    enabled: bool = Field(default=False, description="Discover targets from the fleet's Nodes.")
+    gpu_backend: TargetBackend = Field(
+        default="auto", description="Backend for NVIDIA GPU classes; auto: tensorrt and inductor candidates."
+    )
+    cpu_backend: TargetBackend = Field(
+        default="auto", description="Backend for CPU classes; auto: onnxruntime and inductor candidates."
+    )
+    precisions: list[Precision] = Field(
+        default_factory=lambda: ["fp32"],  # type: ignore[arg-type]
+        min_length=1,
+        max_length=4,
+        description="Precisions to build for each discovered class.",
+    )
+    selection: Selection | None = Field(
+        default=None, description="How each fleet target's winner among candidates is chosen."
+    )
+
+

@@ -1,0 +1,32 @@
+"""The API's small words: the enumerations, patterns and limits the spec models share, and the helper
+that writes a CEL rule. Backend names are not here: they come from the backend catalog."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Backend = Literal["onnxruntime", "tensorrt", "inductor"]
+# auto: the hardware class's default candidates (CPU: onnxruntime and inductor; GPU: tensorrt and
+# inductor), each compiled, validated and timed; the fastest validated one is the target's result.
+TargetBackend = Literal["auto", "onnxruntime", "tensorrt", "inductor"]
+SelectionPolicy = Literal["minLatency", "maxThroughput"]
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
+DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
+SourceFormat = Literal["auto", "pt2", "torchscript", "onnx", "mlflow", "python"]
+Quantization = Literal["dynamic", "static"]
+TaskKind = Literal["auto", "classification", "none"]
+DeploymentMode = Literal["Serverless", "RawDeployment", "Standard"]
+
+# A source URI: a local path, file://, s3://, models:/ or runs:/ (MLflow), or python://module:factory.
+# A relative path may not hold a colon, so an unsupported scheme (https://) is refused.
+SOURCE_URI_PATTERN = r"^(s3://|file://|models:/|runs:/|python://|/|\./|\.\./|[A-Za-z0-9_.-][^:]*$)"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX = 63
+
+
+def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
