@@ -11,7 +11,8 @@
 # Exact tags (not `3.11-slim`): a rebuild does not silently move to another Python or Debian release.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 # TensorRT 10.13 on CUDA 13.0, Python 3.12. A TensorRT plan runs only on the TensorRT version that
-# built it, so this tag is part of the artifact cache key (KOMPILE_BACKEND_VERSIONS): bump both together.
+# built it, so its TensorRT version is part of the artifact cache key (the operator's
+# KOMPILE_GPU_TENSORRT_VERSION): bump both together.
 ARG TENSORRT_IMAGE=nvcr.io/nvidia/tensorrt:25.10-py3
 
 # ---------------------------------------------------------------------------------------------------

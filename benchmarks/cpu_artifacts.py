@@ -27,8 +27,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 from kompile.api.spec import Precision, Target  # noqa: E402
 from kompile.api.vocabulary import Quantization  # noqa: E402
-from kompile.compile_jobs.backends.base import CompileRequest, Feeds, Runner, get_backend  # noqa: E402
+from kompile.compile_jobs.backends.base import Feeds, Runner, get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import QuietRounds, set_threads, time_interleaved  # noqa: E402
+from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 
 Array = np.ndarray[Any, Any]
@@ -224,8 +225,8 @@ def add_artifacts(
             name=name, backend="onnxruntime", precision=precision, quantization=quantization, options=options
         )
         start = time.perf_counter()
-        request = CompileRequest(
-            onnx_path, out / name, target, signature=[], calibration=feeds, threads=threads
+        request = compile_request(
+            target, onnx_path=onnx_path, out_dir=out / name, signature=[], feeds=feeds, threads=threads
         )
         artifact = backend.compile(request)
         runner = backend.load(artifact, threads)

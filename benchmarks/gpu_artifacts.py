@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 from kompile.api.spec import InputSpec, Precision, Target  # noqa: E402
-from kompile.compile_jobs.backends.base import CompileRequest, Feeds, Runner, get_backend  # noqa: E402
+from kompile.compile_jobs.backends.base import Feeds, Runner, get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import time_interleaved  # noqa: E402
+from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -127,12 +128,11 @@ def add_packages(
         name = f"aoti-{precision}"
         target = Target(name=name, backend="inductor", precision=precision)
         start = time.perf_counter()
-        request = CompileRequest(
-            work / "unused.onnx",
-            work / case.name / name,
+        request = compile_request(
             target,
-            case.signature,
-            calibration=[case.make(np.random.default_rng(0), 2)],
+            out_dir=work / case.name / name,
+            signature=case.signature,
+            feeds=[case.make(np.random.default_rng(0), 2)],
             module=model,
             device="cuda",
         )

@@ -88,6 +88,61 @@ def check(manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file
 
 
 @app.command()
+def compare(
+    reference: Annotated[
+        Path, typer.Argument(help="Saved results to compare against (.npz or artifact folder).")
+    ],
+    candidate: Annotated[
+        Path, typer.Argument(help="Saved results held to REFERENCE (.npz or artifact folder).")
+    ],
+    precision: Annotated[
+        str | None,
+        typer.Option(help="Default thresholds of this precision; default: CANDIDATE's, else fp32."),
+    ] = None,
+    max_abs_error: Annotated[
+        float | None, typer.Option(help="Override: largest absolute difference.")
+    ] = None,
+    min_cosine: Annotated[float | None, typer.Option(help="Override: smallest cosine similarity.")] = None,
+    task: Annotated[str, typer.Option(help="auto, classification or none.")] = "auto",
+) -> None:
+    """Compare two saved run results (reference.npz, outputs.npz, or artifact folders)."""
+    from pydantic import ValidationError
+
+    from kompile.api.spec import Tolerances
+    from kompile.compare import compare_saved, load_saved
+    from kompile.compile_jobs.run_results import RunResultsError
+
+    if task not in ("auto", "classification", "none"):
+        raise _fail(f"--task {task!r}: use auto, classification or none")
+    try:
+        tolerances = Tolerances(max_abs_error=max_abs_error, min_cosine=min_cosine)
+        a, b = load_saved(reference), load_saved(candidate)
+        verdict = compare_saved(a, b, precision, tolerances, task)  # type: ignore[arg-type]
+    except (RunResultsError, ValidationError, ValueError) as err:
+        raise _fail(str(err)) from None
+    err_console.print(
+        f"{b.results.label} ({b.path}) against {a.results.label} ({a.path}), {verdict.samples} samples",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for o in verdict.outputs:
+        top = (
+            ""
+            if o.top_k_agreement is None
+            else f", top-{verdict.thresholds.top_k} agreement {o.top_k_agreement:.4f}"
+        )
+        err_console.print(
+            f"  {o.name}: max abs error {o.max_abs_error:.3g}, max rel error {o.max_rel_error:.3g}, "
+            f"min cosine {o.cosine:.6f}{top}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if not verdict.passed:
+        raise _fail("failed: " + "; ".join(verdict.failures), EXIT_TARGET_FAILED)
+    err_console.print("[green]passed[/]")
+
+
+@app.command()
 def crd(
     out: Annotated[
         Path | None, typer.Option(help="Write the CRD YAML into this folder instead of stdout.")

@@ -1,46 +1,52 @@
 """Which candidates a target stands for. Pure and shared: the operator needs the backends (for the
-compile image and the cache key), the compile Job expands the same list and builds each one."""
+compile image and the cache key), the compile Job expands the same list and builds each one. What
+`auto` offers on a device, and which backends only build for GPUs, comes from the catalog."""
 
 from __future__ import annotations
 
+from kompile.api.catalog import AUTO, auto_backends, entry, options_for
 from kompile.api.spec import Candidate, Target
-from kompile.api.vocabulary import Backend
-
-# A hardware class's default candidates for backend auto, fastest-first by expectation: the
-# selection measures anyway, the order only decides ties.
-AUTO_BACKENDS: dict[str, tuple[Backend, ...]] = {
-    "cpu": ("onnxruntime", "inductor"),
-    "cuda": ("tensorrt", "inductor"),
-}
-GPU_ONLY_BACKENDS = frozenset({"tensorrt"})
 
 
 def is_multi(target: Target) -> bool:
     """True when the target is decided by a selection among candidates."""
-    return target.backend == "auto" or bool(target.candidates)
+    return target.backend == AUTO or bool(target.candidates)
+
+
+def _device_option(options: dict[str, str] | None) -> str | None:
+    value = (options or {}).get("device", "").strip().lower()
+    return value or None
+
+
+def needs_gpu(target: Target) -> bool:
+    """A target is for a GPU when a backend it names only builds for one, or its options (or a
+    candidate's) say device cuda."""
+    parts = [(target.backend, target.options)] + [(c.backend, c.options) for c in target.candidates or []]
+    return any((b != AUTO and entry(b).gpu_only) or _device_option(o) == "cuda" for b, o in parts)
 
 
 def target_device(target: Target, gpu_class: bool | None = None) -> str:
-    """cpu or cuda: an explicit options.device wins, then the hardware class, then the backend."""
-    explicit = (target.options or {}).get("device")
-    if explicit in ("cpu", "cuda"):
+    """cpu or cuda: an explicit options.device wins, then the hardware class, then the backends."""
+    explicit = _device_option(target.options)
+    if explicit is not None:
         return explicit
     if gpu_class is not None:
         return "cuda" if gpu_class else "cpu"
-    backends = {c.backend for c in target.candidates or []} | {target.backend}
-    return "cuda" if backends & GPU_ONLY_BACKENDS else "cpu"
+    return "cuda" if needs_gpu(target) else "cpu"
 
 
 def candidates_of(target: Target, device: str) -> list[Candidate]:
-    """The target's candidates: its own list, the class defaults for auto, or just itself."""
+    """The target's candidates: its own list, the device's auto backends, or just itself. An auto
+    candidate gets the keys of the target's options that its backend knows."""
     if target.candidates:
         return list(target.candidates)
-    backends = AUTO_BACKENDS[device] if target.backend == "auto" else (target.backend,)
+    if target.backend == AUTO:
+        pairs = [(b, options_for(b, target.options)) for b in auto_backends(device)]
+    else:
+        pairs = [(target.backend, target.options)]
     return [
-        Candidate(
-            backend=b, precision=target.precision, quantization=target.quantization, options=target.options
-        )
-        for b in backends
+        Candidate(backend=b, precision=target.precision, quantization=target.quantization, options=o or None)
+        for b, o in pairs
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kompile.api.catalog import CATALOG, BackendEntry, auto_backends
 from kompile.api.crd import openapi_schema
 from kompile.api.spec import CompiledModelSpec
 from kompile.api.status import CompiledModelStatus
@@ -61,6 +62,50 @@ def _rules(node: dict[str, Any], path: str, out: list[str]) -> None:
         _rules(child, f"{path}.{name}", out)
 
 
+def _option_values(e: BackendEntry, name: str, node: dict[str, Any]) -> str:
+    if name == "device":
+        return " \\| ".join(f"`{d}`" for d in e.devices)
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    kind = node.get("type", "string")
+    if kind == "integer":
+        return "integer" + (f" >= {node['minimum']}" if "minimum" in node else "")
+    return {"boolean": "`true` \\| `false`", "number": "number"}.get(kind, "text")
+
+
+def _backend_section(e: BackendEntry, out: list[str]) -> None:
+    serving = (
+        f"Triton `{e.serving.triton_platform}` (`{'`, `'.join(e.serving.files)}`), KServe modelFormat "
+        f"`{e.serving.kserve_format}`"
+        if e.serving
+        else "not served (never rolled out)"
+    )
+    auto = ", ".join(e.auto_on) or "never"
+    out += [
+        f"### `{e.name}`",
+        "",
+        e.summary,
+        "",
+        f"- devices: {', '.join(e.devices)}; precisions: {', '.join(sorted(e.precisions))}; compiles: "
+        f"the {'ONNX export' if e.consumes == 'onnx' else 'torch module'}",
+        f"- offered by `auto` on: {auto}; serving: {serving}",
+        f"- install: `pip install 'kompile[{e.extra}]'`; its version (cache key) from: "
+        f"{', '.join(e.version_from)}",
+        "",
+        "| option | values | default | description |",
+        "| --- | --- | --- | --- |",
+    ]
+    schema = openapi_schema(e.options)
+    for name, node in (schema.get("properties") or {}).items():
+        default = node.get("default")
+        shown = (
+            "" if default is None else f"`{str(default).lower() if isinstance(default, bool) else default}`"
+        )
+        desc = " ".join(str(node.get("description", "")).split()).replace("|", "\\|")
+        out.append(f"| `{name}` | {_option_values(e, name, node)} | {shown} | {desc} |")
+    out.append("")
+
+
 def render_reference() -> str:
     spec, status = openapi_schema(CompiledModelSpec), openapi_schema(CompiledModelStatus)
     out = [
@@ -79,6 +124,20 @@ def render_reference() -> str:
     _rows(spec, "spec", out)
     out += ["", "### Cross-field rules (enforced by the API server and by `kompile run`)", ""]
     _rules(spec, "spec", out)
-    out += ["", "## status", "", "| field | type | description |", "| --- | --- | --- |"]
+    out += [
+        "",
+        "## Backend options",
+        "",
+        "`targets[].options` and `candidates[].options` are maps of strings; each backend takes the keys",
+        "below (values are case-insensitive except free text). An unknown key is refused by the API",
+        "server; a bad value by `kompile check` and by the operator before any Job (Ready=False,",
+        "InvalidSpec, naming the key). With `backend: auto` each candidate gets the keys its backend",
+        f"knows (auto offers {', '.join(auto_backends('cpu'))} on CPU classes and "
+        f"{', '.join(auto_backends('cuda'))} on GPU classes), and each of them must take the value.",
+        "",
+    ]
+    for e in CATALOG.values():
+        _backend_section(e, out)
+    out += ["## status", "", "| field | type | description |", "| --- | --- | --- |"]
     _rows(status, "status", out)
     return "\n".join(out) + "\n"

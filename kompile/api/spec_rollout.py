@@ -155,5 +155,3 @@ class Rollout(ApiModel):
                 "rollout.gate.requireValidation cannot be false: unvalidated artifacts never serve"
             )
         return self
-
-

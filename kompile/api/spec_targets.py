@@ -3,21 +3,46 @@ on, validation thresholds, and fleet discovery."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from kompile.api.base import ApiModel
+from kompile.api.catalog import (
+    BackendName,
+    OptionsError,
+    TargetBackendName,
+    auto_backends,
+    check_options,
+)
+from kompile.api.catalog.cel import option_rules
 from kompile.api.vocabulary import (
     DNS_LABEL_PATTERN,
     NAME_MAX,
-    Backend,
     Precision,
     Quantization,
     SelectionPolicy,
-    TargetBackend,
     _rule,
 )
+
+# Backend options travel as a map of strings; each backend's typed model (kompile.api.catalog)
+# decides which keys and values it takes. Bounded so the API server can cost the CEL rules.
+Options = dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=1024)]]
+_OPTIONS_MAX = 32
+_OPTIONS_HELP = (
+    "Options of the backend, a map of strings; each backend's keys and values are listed in "
+    "docs/reference.md (Backend options). An unknown key or a bad value is refused."
+)
+
+
+_AUTO_HELP = f"CPU: {' and '.join(auto_backends('cpu'))}; GPU: {' and '.join(auto_backends('cuda'))}"
+
+
+def _check_options(owner: str, backend: str, options: dict[str, str] | None) -> None:
+    try:
+        check_options(backend, options)
+    except OptionsError as err:
+        raise ValueError(f"{owner}: {err}") from None
 
 
 class Resources(ApiModel):
@@ -85,7 +110,8 @@ class Candidate(ApiModel):
                     "!has(self.quantization) || !has(self.precision) || self.precision == 'int8'",
                     "quantization applies only to precision int8",
                     ".quantization",
-                )
+                ),
+                *option_rules(auto=False),
             ]
         }
     }
@@ -96,16 +122,14 @@ class Candidate(ApiModel):
         pattern=DNS_LABEL_PATTERN,
         description="Candidate name, unique in the target; default <backend>-<precision>.",
     )
-    backend: Backend = Field(description="Compiler that builds this candidate.")
+    backend: BackendName = Field(description="Compiler that builds this candidate.")
     precision: Precision | None = Field(
         default=None, description="Precision of this candidate; default: the target's precision."
     )
     quantization: Quantization | None = Field(
         default=None, description="int8 only: dynamic (weights) or static (calibrated)."
     )
-    options: dict[str, str] | None = Field(
-        default=None, description="Options of this candidate's backend (see docs/backends.md)."
-    )
+    options: Options | None = Field(default=None, max_length=_OPTIONS_MAX, description=_OPTIONS_HELP)
 
     @model_validator(mode="after")
     def _quantization_needs_int8(self) -> Candidate:
@@ -113,6 +137,7 @@ class Candidate(ApiModel):
             raise ValueError(
                 f"candidate {self.name or self.backend!r}: quantization applies only to precision int8"
             )
+        _check_options(f"candidate {self.name or self.backend!r}", self.backend, self.options)
         return self
 
 
@@ -179,6 +204,7 @@ class Target(ApiModel):
                     "candidate names must be unique in a target",
                     ".candidates",
                 ),
+                *option_rules(auto=True),
             ]
         }
     }
@@ -189,11 +215,11 @@ class Target(ApiModel):
         max_length=NAME_MAX,
         pattern=DNS_LABEL_PATTERN,
     )
-    backend: TargetBackend = Field(
+    backend: TargetBackendName = Field(
         default="auto",
         description=(
             "Compiler that builds the artifact, or auto: the hardware class's default candidates "
-            "(CPU: onnxruntime and inductor; GPU: tensorrt and inductor) that support the precision."
+            f"({_AUTO_HELP}) that support the precision."
         ),
     )
     precision: Precision = Field(default="fp32", description="Numeric precision of the artifact.")
@@ -204,9 +230,7 @@ class Target(ApiModel):
     hardware: Hardware | None = Field(
         default=None, description="Node selection and resources for this target's compile Job."
     )
-    options: dict[str, str] | None = Field(
-        default=None, description="Backend options (for example intraOpThreads, optLevel)."
-    )
+    options: Options | None = Field(default=None, max_length=_OPTIONS_MAX, description=_OPTIONS_HELP)
     tolerances: Tolerances | None = Field(
         default=None, description="Validation thresholds for this target; override spec.validation."
     )
@@ -239,6 +263,7 @@ class Target(ApiModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"target {self.name!r}: candidate names must be unique, repeated: {dup}")
+        _check_options(f"target {self.name!r}", self.backend, self.options)
         return self
 
 
@@ -246,11 +271,13 @@ class Fleet(ApiModel):
     """Fleet discovery: one target per hardware class found among the cluster's Nodes."""
 
     enabled: bool = Field(default=False, description="Discover targets from the fleet's Nodes.")
-    gpu_backend: TargetBackend = Field(
-        default="auto", description="Backend for NVIDIA GPU classes; auto: tensorrt and inductor candidates."
+    gpu_backend: TargetBackendName = Field(
+        default="auto",
+        description=f"Backend for NVIDIA GPU classes; auto: {' and '.join(auto_backends('cuda'))}.",
     )
-    cpu_backend: TargetBackend = Field(
-        default="auto", description="Backend for CPU classes; auto: onnxruntime and inductor candidates."
+    cpu_backend: TargetBackendName = Field(
+        default="auto",
+        description=f"Backend for CPU classes; auto: {' and '.join(auto_backends('cpu'))}.",
     )
     precisions: list[Precision] = Field(
         default_factory=lambda: ["fp32"],  # type: ignore[arg-type]
@@ -261,5 +288,3 @@ class Fleet(ApiModel):
     selection: Selection | None = Field(
         default=None, description="How each fleet target's winner among candidates is chosen."
     )
-
-

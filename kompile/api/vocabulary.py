@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-Backend = Literal["onnxruntime", "tensorrt", "inductor"]
-# auto: the hardware class's default candidates (CPU: onnxruntime and inductor; GPU: tensorrt and
-# inductor), each compiled, validated and timed; the fastest validated one is the target's result.
-TargetBackend = Literal["auto", "onnxruntime", "tensorrt", "inductor"]
 SelectionPolicy = Literal["minLatency", "maxThroughput"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
@@ -29,4 +25,3 @@ def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, s
     if field_path:
         out["fieldPath"] = field_path
     return out
-

@@ -1,22 +1,26 @@
 """`kompile-job`: the entry point of a compile Job's pod. Runs the pipeline for its one target,
-publishes the Triton layout and result.json to the artifact store, and writes a compact result to
-the termination message.
+publishes the Triton layout, the saved run results and result.json to the artifact store, and
+writes a compact result to the termination message.
 
-Exit codes drive the Job's podFailurePolicy (the one retry policy, see operator/jobs.py):
-0 the pipeline reached a verdict (validated or not: retrying cannot change it),
-2 the input is wrong (manifest, source, export): retrying cannot help, the Job fails at once,
-anything else is a crash (store unreachable, out of memory) that a retry may fix.
+What the operator sets, the exit codes and result.json are typed in kompile.api.job_contract.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
+from kompile.api.job_contract import (
+    RESULT_FILE,
+    ExitCode,
+    JobContractError,
+    JobEnv,
+    JobResult,
+    JobSpec,
+    compact_result,
+)
 from kompile.api.resource import CompiledModel
-from kompile.api.result import compact_result
 from kompile.api.spec import Target
 from kompile.api.status import TargetStatus
 from kompile.artifact_store import StoreError, join, put_tree, write_bytes
@@ -26,20 +30,9 @@ from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipe
 from kompile.compile_jobs.sources import SourceError
 from kompile.compile_jobs.trt.cache import StoreSync, sync_for_this_machine
 
-EXIT_VERDICT = 0
-EXIT_BAD_INPUT = 2
-EXIT_STORE = 3
-
-
-def _env(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        raise SystemExit(f"kompile-job: environment variable {name} is required (the operator sets it)")
-    return value
-
 
 def _terminate(text: str) -> None:
-    path = Path(os.environ.get("KOMPILE_TERMINATION_LOG", "/dev/termination-log"))
+    path = Path(os.environ.get(JobEnv.TERMINATION_LOG, "/dev/termination-log"))
     try:
         path.write_text(text)
     except OSError as err:  # outside a pod there may be no termination log: say so, do not fail
@@ -83,23 +76,24 @@ def _push_timing_cache(sync: StoreSync | None) -> None:
 
 
 def main() -> None:
-    doc = json.loads(_env("KOMPILE_COMPILED_MODEL"))
-    target = Target.model_validate_json(_env("KOMPILE_TARGET"))
-    hw_class = _env("KOMPILE_HARDWARE_CLASS")
-    prefix = _env("KOMPILE_ARTIFACT_PREFIX")
-    endpoint = os.environ.get("KOMPILE_S3_ENDPOINT")
-    work = Path(os.environ.get("KOMPILE_WORK_DIR", "/scratch"))
+    try:
+        job = JobSpec.from_env(os.environ)
+    except JobContractError as err:
+        raise SystemExit(f"kompile-job: {err}") from None
+    target, hw_class, prefix, endpoint = job.target, job.hardware_class, job.artifact_prefix, job.s3_endpoint
+    work = Path(job.work_dir)
+    doc = dict(job.compiled_model)
     # The Job compiles exactly its target: fleet targets are resolved by the operator beforehand.
-    doc["spec"]["targets"] = [target.to_wire()]
+    doc["spec"] = {**doc["spec"], "targets": [target.to_wire()]}
     doc["spec"].pop("fleet", None)
     cm = CompiledModel.model_validate(doc)
     opts = PipelineOptions(
-        base_dir=Path(os.environ.get("KOMPILE_SOURCE_DIR", ".")).resolve(),
+        base_dir=Path(os.environ.get(JobEnv.SOURCE_DIR, ".")).resolve(),
         work_dir=work,
         artifact_root=work / "out",
         only_targets=[target.name],
         hardware_class=hw_class,
-        device=os.environ.get("KOMPILE_DEVICE") or None,
+        device=job.device,
     )
     reporter = LogReporter(lambda m: print(m, flush=True))
     timing = _pull_timing_cache(endpoint)
@@ -109,34 +103,33 @@ def main() -> None:
         ts = _failed(target, type(err).__name__.replace("Error", "") + "Error", str(err), hw_class)
         _terminate(compact_result(ts, None, None))
         print(f"kompile-job: {err}", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        raise SystemExit(ExitCode.BAD_INPUT) from None
     _push_timing_cache(timing)
     status = result.status.targets[0]
     version = result.built[0].params.get("backend_version") if result.built else None
     if result.built:
-        built = result.built[0]
-        # The store holds the Triton repository root at the content address the operator expects.
-        status.artifact = status.artifact.model_copy(update={"uri": prefix}) if status.artifact else None
-        (built.repo_dir / "result.json").write_text(
-            json.dumps(
-                {**json.loads((built.repo_dir / "result.json").read_text()), "target": status.to_wire()},
-                indent=2,
-            )
-        )
         try:
-            put_tree(built.repo_dir, prefix, endpoint)
+            _publish(result.built[0].repo_dir, status, prefix, endpoint)
         except StoreError as err:
             print(f"kompile-job: {err}", file=sys.stderr)
-            raise SystemExit(EXIT_STORE) from None
+            raise SystemExit(ExitCode.STORE) from None
     else:
-        try:
-            write_bytes(
-                join(prefix, "result.json"), json.dumps({"target": status.to_wire()}).encode(), endpoint
-            )
+        try:  # the verdict also travels in the termination message: a store error is reported only
+            write_bytes(join(prefix, RESULT_FILE), JobResult(target=status).dumps().encode(), endpoint)
         except StoreError as err:
             print(f"kompile-job: {err}", file=sys.stderr)
     _terminate(compact_result(status, result.status.source_digest, version))
-    raise SystemExit(EXIT_VERDICT)
+    raise SystemExit(ExitCode.VERDICT)
+
+
+def _publish(repo_dir: Path, status: TargetStatus, prefix: str, endpoint: str | None) -> None:
+    """The Triton repository root at the content address the operator expects, its artifact URI
+    pointing there."""
+    status.artifact = status.artifact.model_copy(update={"uri": prefix}) if status.artifact else None
+    path = repo_dir / RESULT_FILE
+    result = JobResult.loads(path.read_text())
+    path.write_text(result.model_copy(update={"target": status}).dumps())
+    put_tree(repo_dir, prefix, endpoint)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,17 @@ def sha256_file(path: Path) -> str:
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def sha256_files(paths: Sequence[Path]) -> str:
+    """An artifact's digest: one file's own sha256, or for several (OpenVINO's .xml and .bin) the
+    sha256 over each one's name and digest, in order."""
+    if len(paths) == 1:
+        return sha256_file(paths[0])
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(f"{path.name}\0{sha256_file(path)}\n".encode())
     return "sha256:" + h.hexdigest()
 
 

@@ -54,19 +54,22 @@ def config_pbtxt(
     instance_kind: str = "KIND_CPU",
     model_filename: str | None = None,
     *,
+    backend: str | None = None,
     cc_model_filenames: Mapping[str, str] | None = None,
     cuda_graphs: bool = False,
 ) -> str:
     """Triton's config.pbtxt. With max_batch_size > 0 Triton owns axis 0, so dims omit it.
 
-    `cc_model_filenames` maps a compute capability ("8.6") to the plan built for it, when one model
-    folder holds plans for several GPU classes; `cuda_graphs` turns on Triton's CUDA graphs for
-    TensorRT plans (launch overhead matters at small batches).
+    `backend` is the Triton backend line where the platform needs one (the catalog's serving entry
+    says: pytorch for AOTInductor packages). `cc_model_filenames` maps a compute capability ("8.6")
+    to the plan built for it, when one model folder holds plans for several GPU classes;
+    `cuda_graphs` turns on Triton's CUDA graphs for TensorRT plans (launch overhead matters at
+    small batches).
     """
     batched = max_batch_size > 0
     text = f'name: "{model_name}"\nplatform: "{platform}"\n'
-    if platform == AOTI_PLATFORM:
-        text += 'backend: "pytorch"\n'  # Triton's PyTorch backend loads AOTInductor packages
+    if backend:
+        text += f'backend: "{backend}"\n'
     text += f"max_batch_size: {max_batch_size}\n"
     if model_filename:
         text += f'default_model_filename: "{model_filename}"\n'
@@ -117,14 +120,17 @@ def cc_plan_filename(compute_capability: str) -> str:
 
 
 def write_model_repository(
-    root: Path, model_name: str, model_file: Path, model_filename: str, config: str
+    root: Path, model_name: str, files: Sequence[tuple[Path, str]], config: str | None
 ) -> Path:
-    """Lay out one model under root; returns the model's folder."""
+    """Lay out one model under root: each (built file, name) in `<model>/1/`, and config.pbtxt
+    unless there is none (a backend Triton does not serve); returns the model's folder."""
     model_dir = root / model_name
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model_file, version_dir / model_filename)
-    (model_dir / "config.pbtxt").write_text(config)
+    for path, name in files:
+        shutil.copyfile(path, version_dir / name)
+    if config is not None:
+        (model_dir / "config.pbtxt").write_text(config)
     return model_dir
 
 

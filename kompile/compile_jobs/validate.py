@@ -11,14 +11,14 @@ similarity of each sample's output and, for class scores, top-k agreement. NaN o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from kompile.api.spec import Tolerances
 from kompile.api.status import OutputCheck, Thresholds, ValidationResult
+from kompile.api.vocabulary import TaskKind as Task
 
-Task = Literal["auto", "classification", "none"]
 Array = np.ndarray[Any, Any]
 
 # Relative error divides by |reference| + eps. A fixed tiny eps turns every element near zero into a

@@ -8,10 +8,10 @@ same generation, so the two never multiply.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from typing import Any
 
+from kompile.api.job_contract import TIMING_CACHES, ExitCode, JobSpec
 from kompile.api.resource import API_VERSION, KIND, CompiledModel
 from kompile.operator.settings import Settings
 from kompile.operator.targets import ResolvedTarget
@@ -24,7 +24,7 @@ LABEL_CLASS = "kompile.dev/hardware-class"
 ANNOTATION_CACHE_KEY = "kompile.dev/cache-key"
 ANNOTATION_PREFIX = "kompile.dev/artifact-prefix"
 CONTAINER = "compile"
-EXIT_BAD_INPUT = 2
+SCRATCH = "/scratch"
 RUN_AS = 65532
 
 
@@ -51,7 +51,9 @@ def owner_reference(cm: CompiledModel) -> dict[str, Any]:
     }
 
 
-def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:
+def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> JobSpec:
+    """What the Job is told (kompile.api.job_contract): the CompiledModel, its one target, where to
+    publish, and for GPU classes where the TensorRT timing caches are shared."""
     doc = {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -64,25 +66,27 @@ def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings)
         "spec": cm.spec.to_wire(),
     }
     registry = cm.spec.registry
-    env = [
-        {"name": "KOMPILE_COMPILED_MODEL", "value": json.dumps(doc, separators=(",", ":"))},
-        {"name": "KOMPILE_TARGET", "value": json.dumps(rt.target.to_wire(), separators=(",", ":"))},
-        {"name": "KOMPILE_HARDWARE_CLASS", "value": rt.hardware_class},
-        {"name": "KOMPILE_DEVICE", "value": "cuda" if rt.gpu else "cpu"},
-        {"name": "KOMPILE_ARTIFACT_PREFIX", "value": prefix},
-        {"name": "KOMPILE_WORK_DIR", "value": "/scratch"},
-        {"name": "HOME", "value": "/scratch"},
-        {"name": "TMPDIR", "value": "/scratch"},
+    root = prefix.rsplit("/cache/", 1)[0]
+    return JobSpec(
+        compiled_model=doc,
+        target=rt.target,
+        hardware_class=rt.hardware_class,
+        device="cuda" if rt.gpu else "cpu",
+        artifact_prefix=prefix,
+        work_dir=SCRATCH,
+        # TensorRT timing caches are shared per (GPU class, TensorRT version) beside the cache.
+        timing_cache_uri=f"{root}/{TIMING_CACHES}" if rt.gpu else None,
+        s3_endpoint=(registry.s3_endpoint if registry else None) or settings.s3_endpoint,
+    )
+
+
+def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:
+    pod_env = [
+        {"name": "HOME", "value": SCRATCH},
+        {"name": "TMPDIR", "value": SCRATCH},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    if rt.gpu:
-        # TensorRT timing caches are shared per (GPU class, TensorRT version) beside the cache.
-        root = prefix.rsplit("/cache/", 1)[0]
-        env.append({"name": "KOMPILE_TIMING_CACHE_URI", "value": f"{root}/timing-caches"})
-    endpoint = (registry.s3_endpoint if registry else None) or settings.s3_endpoint
-    if endpoint:
-        env.append({"name": "KOMPILE_S3_ENDPOINT", "value": endpoint})
-    return env
+    return [*job_spec(cm, rt, prefix, settings).to_env(), *pod_env]
 
 
 def _secret_name(cm: CompiledModel, settings: Settings) -> str | None:
@@ -113,7 +117,7 @@ def build_job(
         "command": ["kompile-job"],
         "env": _env(cm, rt, prefix, settings),
         "resources": rt.resources,
-        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
         # Crashes leave no termination message; the log tail then tells the user why.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -168,7 +172,7 @@ def build_job(
                         "onExitCodes": {
                             "containerName": CONTAINER,
                             "operator": "In",
-                            "values": [EXIT_BAD_INPUT],
+                            "values": [int(ExitCode.BAD_INPUT)],
                         },
                     },
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},

@@ -7,7 +7,6 @@ are delegated to pure modules (fleet, targets, jobs, results); this file sequenc
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from kompile.api.cache import artifact_prefix, cache_key
 from kompile.api.candidates import backends_of
+from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, join, object_version, read_bytes
@@ -102,17 +102,17 @@ def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: Event
 def read_stored_result(prefix: str, store: StoreAccess) -> tuple[TargetStatus, str | None] | None:
     """result.json at a cache prefix, or None when absent or unreadable as one."""
     try:
-        data = read_bytes(join(prefix, "result.json"), store.endpoint, store.credentials)
+        data = read_bytes(join(prefix, RESULT_FILE), store.endpoint, store.credentials)
     except StoreError as err:
         log.warning("cache lookup failed: %s", err)
         return None
     if data is None:
         return None
     try:
-        doc = json.loads(data)
-        return TargetStatus.model_validate(doc["target"]), doc.get("sourceDigest")
-    except (ValueError, KeyError, ValidationError):
+        result = JobResult.loads(data)
+    except ValueError:
         return None
+    return result.target, result.source_digest
 
 
 def _previous(doc: Mapping[str, Any], generation: int) -> CompiledModelStatus:
@@ -221,14 +221,42 @@ def _target(
     store: StoreAccess,
     event: EventFn,
 ) -> TargetStatus:
-    namespace = cm.metadata.namespace or "default"
-    # Every backend the target's candidates use shapes the artifact: all their versions key it.
+    """One target's status this reconcile: read from its Job, refused, reused from the cache, or a
+    Job launched for it, in that order."""
+    key = target_cache_key(cm, rt, settings, store)
+    prefix = artifact_prefix(store_root(cm, settings), key)
+    if job is not None:
+        return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
+    refused = _tensorrt_refusal(cm, rt, settings)
+    if refused:
+        event("Warning", "TensorRTVersionMismatch", f"target {rt.name}: {refused}")
+        return _status(rt, key, phase="Failed", reason="TensorRTVersionMismatch", message=refused)
+    cached = _cache_hit(cm, rt, store, prefix, key, event)
+    if cached is not None:
+        return cached
+    return _launch_job(cm, rt, kube, settings, key, prefix, event)
+
+
+def _status(rt: ResolvedTarget, key: str, **fields: Any) -> TargetStatus:
+    return TargetStatus(
+        name=rt.name,
+        backend=rt.target.backend,
+        precision=rt.target.precision,
+        hardware_class=rt.hardware_class,
+        cache_key=key,
+        **fields,
+    )
+
+
+def target_cache_key(cm: CompiledModel, rt: ResolvedTarget, settings: Settings, store: StoreAccess) -> str:
+    """The content address of what this target would build. Every backend the target's candidates
+    use shapes the artifact: all their versions key it."""
     version = ",".join(
         f"{b}={settings.backend_versions.get(b, 'unknown')}"
         for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu")
     )
     model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
-    key = cache_key(
+    return cache_key(
         source_fingerprint(cm, store, settings.gpu_image if rt.gpu else settings.cpu_image),
         rt.target,
         version,
@@ -237,69 +265,81 @@ def _target(
         cm.spec.validation,
         model_name,
     )
-    prefix = artifact_prefix(store_root(cm, settings), key)
-    refused = _tensorrt_refusal(cm, rt, settings) if job is None else None
-    if refused:
-        event("Warning", "TensorRTVersionMismatch", f"target {rt.name}: {refused}")
-        return TargetStatus(
-            name=rt.name,
-            backend=rt.target.backend,
-            precision=rt.target.precision,
-            phase="Failed",
-            hardware_class=rt.hardware_class,
-            cache_key=key,
-            reason="TensorRTVersionMismatch",
-            message=refused,
-        )
-    if job is not None:
-        stored = read_stored_result(prefix, store)
-        pods = kube.job_pods(namespace, job["metadata"]["name"])
-        ts, _digest = from_job(rt, job, pods, stored[0] if stored else None)
-        ts.cache_key = key
-        if ts.node is None and prev is not None:
-            ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier
-        if ts.phase in TERMINAL:
-            metrics.JOBS.labels(outcome=ts.phase).inc()
-            if ts.compile_seconds is not None:
-                metrics.COMPILE_SECONDS.observe(ts.compile_seconds)
-            if ts.validation_seconds is not None:
-                metrics.VALIDATION_SECONDS.observe(ts.validation_seconds)
-            if ts.speedup is not None:
-                metrics.SPEEDUP.labels(namespace=namespace, name=cm.metadata.name, target=rt.name).set(
-                    ts.speedup
-                )
-            kind = "Normal" if ts.phase == "Succeeded" else "Warning"
-            event(kind, ts.reason or ts.phase, f"target {rt.name}: {ts.message or ts.phase}")
+
+
+def _from_job(
+    cm: CompiledModel,
+    rt: ResolvedTarget,
+    job: Mapping[str, Any],
+    prev: TargetStatus | None,
+    kube: Kube,
+    store: StoreAccess,
+    prefix: str,
+    key: str,
+    event: EventFn,
+) -> TargetStatus:
+    """The target's status from its Job, its pods and the result it stored; metrics and an Event
+    once it has settled."""
+    namespace = cm.metadata.namespace or "default"
+    stored = read_stored_result(prefix, store)
+    pods = kube.job_pods(namespace, job["metadata"]["name"])
+    ts, _digest = from_job(rt, job, pods, stored[0] if stored else None)
+    ts.cache_key = key
+    if ts.node is None and prev is not None:
+        ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier
+    if ts.phase not in TERMINAL:
         return ts
+    metrics.JOBS.labels(outcome=ts.phase).inc()
+    if ts.compile_seconds is not None:
+        metrics.COMPILE_SECONDS.observe(ts.compile_seconds)
+    if ts.validation_seconds is not None:
+        metrics.VALIDATION_SECONDS.observe(ts.validation_seconds)
+    if ts.speedup is not None:
+        metrics.SPEEDUP.labels(namespace=namespace, name=cm.metadata.name, target=rt.name).set(ts.speedup)
+    kind = "Normal" if ts.phase == "Succeeded" else "Warning"
+    event(kind, ts.reason or ts.phase, f"target {rt.name}: {ts.message or ts.phase}")
+    return ts
+
+
+def _cache_hit(
+    cm: CompiledModel, rt: ResolvedTarget, store: StoreAccess, prefix: str, key: str, event: EventFn
+) -> TargetStatus | None:
+    """A validated artifact already at this content address (for the pinned source digest)."""
     cached = read_stored_result(prefix, store)
-    if cached and cached[0].validation and cached[0].validation.passed and _digest_ok(cm, cached[1]):
-        ts = cached[0].model_copy(
-            update={
-                "name": rt.name,
-                "cached": True,
-                "cache_key": key,
-                "job": None,
-                "hardware_class": rt.hardware_class,
-                "reason": "CacheHit",
-                "message": f"reused validated artifact {prefix}",
-            }
-        )
-        event("Normal", "CacheHit", f"target {rt.name}: reused validated artifact {key[:12]}")
-        metrics.JOBS.labels(outcome="Cached").inc()
-        return ts
-    base = TargetStatus(
-        name=rt.name,
-        backend=rt.target.backend,
-        precision=rt.target.precision,
-        phase="Pending",
-        hardware_class=rt.hardware_class,
-        cache_key=key,
+    if not (cached and cached[0].validation and cached[0].validation.passed and _digest_ok(cm, cached[1])):
+        return None
+    ts = cached[0].model_copy(
+        update={
+            "name": rt.name,
+            "cached": True,
+            "cache_key": key,
+            "job": None,
+            "hardware_class": rt.hardware_class,
+            "reason": "CacheHit",
+            "message": f"reused validated artifact {prefix}",
+        }
     )
+    event("Normal", "CacheHit", f"target {rt.name}: reused validated artifact {key[:12]}")
+    metrics.JOBS.labels(outcome="Cached").inc()
+    return ts
+
+
+def _launch_job(
+    cm: CompiledModel,
+    rt: ResolvedTarget,
+    kube: Kube,
+    settings: Settings,
+    key: str,
+    prefix: str,
+    event: EventFn,
+) -> TargetStatus:
+    """Create the target's compile Job (a 409 means it exists: deterministic name), unless suspended."""
+    base = _status(rt, key, phase="Pending")
     if cm.spec.suspend:
         base.reason, base.message = "Suspended", "spec.suspend is true: no new compile Job"
         return base
     manifest = build_job(cm, rt, key, prefix, settings)
-    created = kube.create_job(namespace, manifest)
+    created = kube.create_job(cm.metadata.namespace or "default", manifest)
     base.job = manifest["metadata"]["name"]
     base.message = "compile Job created"
     if created:

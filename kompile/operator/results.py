@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kompile.api.result import parse_compact
+from kompile.api.job_contract import parse_compact
 from kompile.api.status import TargetPhase, TargetStatus
 from kompile.operator.targets import ResolvedTarget
 

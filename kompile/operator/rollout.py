@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from kompile.api.catalog import CATALOG
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import Rollout, RolloutGate
 from kompile.api.status import TargetStatus
@@ -69,14 +70,17 @@ KIND = "InferenceService"
 DEFAULT_MODE = "Serverless"  # KServe's documented default and the value its shipped ConfigMap holds
 DIGEST_ANNOTATION = "kompile.dev/artifact-digest"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kompile"}
-# KServe model format per backend; Triton (runtime kserve-tritonserver, set explicitly) serves all
-# three: ONNX through onnxruntime_onnx, plans through tensorrt_plan, AOTInductor packages through
-# the PyTorch backend's torch_aoti platform (its libtorch must be the torch that built the package).
-MODEL_FORMATS = {"onnxruntime": "onnx", "tensorrt": "tensorrt", "inductor": "pytorch"}
+# KServe model formats and Triton file names per backend come from the catalog; Triton (runtime
+# kserve-tritonserver, set explicitly) serves every backend whose entry has a serving format.
+MODEL_FORMATS = {name: e.serving.kserve_format for name, e in CATALOG.items() if e.serving}
 NAME_MAX = 63
 # KServe's own name rule (DNS-1035: a letter first), stricter than a DNS-1123 label.
 _ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_MODEL_FILE = re.compile(r"/[^/]+/\d+/[^/]+\.(plan|onnx|engine|pt2)$")  # <root>/<model>/<version>/<file>
+_MODEL_SUFFIXES = sorted(
+    {name.rsplit(".", 1)[-1] for e in CATALOG.values() if e.serving for name in e.serving.files}
+)
+# <root>/<model>/<version>/<file>
+_MODEL_FILE = re.compile(r"/[^/]+/\d+/[^/]+\.(" + "|".join(map(re.escape, _MODEL_SUFFIXES)) + ")$")
 _MODEL_CONFIG = re.compile(r"/[^/]+/config\.pbtxt$")
 
 

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from kompile.api.catalog import CATALOG
+from kompile.api.toolchain import PINNED
 
 
 def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def default_backend_versions(gpu_tensorrt_version: str | None = None) -> dict[str, str]:
+    """Each catalog backend's version as its compile image carries it: the lock files' pins, and
+    TensorRT's from the GPU image setting."""
+    known: Mapping[str, str] = PINNED | ({"tensorrt": gpu_tensorrt_version} if gpu_tensorrt_version else {})
+    return {name: e.version_string(known) for name, e in CATALOG.items()}
 
 
 @dataclass(frozen=True)
@@ -29,8 +40,10 @@ class Settings:
     the CompiledModel names none."""
     tracking_uri: str | None = None
     """MLFLOW_TRACKING_URI: default MLflow tracking URI."""
-    backend_versions: dict[str, str] = field(default_factory=lambda: {"onnxruntime": "1.31.1"})
-    """KOMPILE_BACKEND_VERSIONS: backend=version pairs the compile images carry (cache key part)."""
+    backend_versions: dict[str, str] = field(default_factory=default_backend_versions)
+    """Versions of the backends the compile images carry, a part of the cache key: by default the
+    catalog's (kompile.api.toolchain's pins, TensorRT from KOMPILE_GPU_TENSORRT_VERSION);
+    KOMPILE_BACKEND_VERSIONS (backend=version pairs) overrides them, for images built otherwise."""
     job_deadline_seconds: int = 3600
     """KOMPILE_JOB_DEADLINE_SECONDS: activeDeadlineSeconds of a compile Job."""
     job_backoff_limit: int = 2
@@ -64,7 +77,7 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         e = dict(os.environ if env is None else env)
         d = cls()
-        versions = dict(d.backend_versions)
+        versions = default_backend_versions(e.get("KOMPILE_GPU_TENSORRT_VERSION") or None)
         for pair in _csv(e.get("KOMPILE_BACKEND_VERSIONS")):
             name, _, version = pair.partition("=")
             versions[name.strip()] = version.strip()

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kompile.api.candidates import needs_gpu
 from kompile.api.spec import CompiledModelSpec, Precision, Target
 from kompile.operator.fleet import GPU_PRODUCT, GPU_RESOURCE, HardwareClass
 
-GPU_BACKENDS = {"tensorrt"}
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -30,13 +30,6 @@ class ResolvedTarget:
     @property
     def name(self) -> str:
         return self.target.name
-
-
-def _is_gpu_target(target: Target) -> bool:
-    """An explicit target is for a GPU when its backend (or a candidate's) only builds for one,
-    or when its options (or a candidate's) say device cuda."""
-    parts = [(target.backend, target.options)] + [(c.backend, c.options) for c in target.candidates or []]
-    return any(b in GPU_BACKENDS or (o or {}).get("device") == "cuda" for b, o in parts)
 
 
 def _class_for(selector: dict[str, str], classes: Sequence[HardwareClass]) -> HardwareClass | None:
@@ -60,7 +53,7 @@ def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str
     selector = dict(hw.node_selector or {}) if hw else {}
     cls = _class_for(selector, classes) if selector else None
     # A selector that lands on a GPU class makes an auto target a GPU target too.
-    gpu = _is_gpu_target(target) or (cls is not None and cls.kind == "gpu")
+    gpu = needs_gpu(target) or (cls is not None and cls.kind == "gpu")
     tolerations = [t.to_wire() for t in (hw.tolerations or [])] if hw else []
     if gpu and not tolerations:
         tolerations = [GPU_TOLERATION]

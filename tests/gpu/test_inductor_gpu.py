@@ -10,8 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kompile.api.spec import Target  # noqa: E402
-from kompile.compile_jobs.backends.base import CompileRequest, get_backend  # noqa: E402
+from kompile.compile_jobs.backends.base import get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import time_interleaved  # noqa: E402
+from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 from tests.gpu.common import GPU_ONLY, IMAGE, image_feeds  # noqa: E402
 
@@ -27,12 +28,11 @@ def test_fp16_cuda_package_validates_and_is_timed(tmp_path: Path, cuda_graphs: s
     target = Target(
         name="gpu-fp16", backend="inductor", precision="fp16", options={"cudaGraphs": cuda_graphs}
     )
-    request = CompileRequest(
-        onnx_path=tmp_path / "unused.onnx",
+    request = compile_request(
+        target,
         out_dir=tmp_path,
-        target=target,
         signature=[IMAGE],
-        calibration=image_feeds(8, 2),
+        feeds=image_feeds(8, 2),
         module=model,
         device="cuda",
     )

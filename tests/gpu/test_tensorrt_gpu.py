@@ -12,7 +12,8 @@ trt = pytest.importorskip("tensorrt")
 pytest.importorskip("modelopt.onnx.autocast")
 
 from kompile.api.spec import Precision, Target  # noqa: E402
-from kompile.compile_jobs.backends.base import CompileRequest, get_backend  # noqa: E402
+from kompile.compile_jobs.backends.base import get_backend  # noqa: E402
+from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.trt import cache, plan  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 from tests.gpu.common import GPU_ONLY, IMAGE, image_feeds  # noqa: E402
@@ -47,17 +48,18 @@ def test_build_validate_and_time(
     onnx_path = _export(model, tmp_path / "small_cnn.onnx")
     feeds = image_feeds(4, 8)
     target = Target(name=f"gpu-{precision}", backend="tensorrt", precision=precision)
-    request = CompileRequest(
-        onnx_path,
-        tmp_path / "build",
+    request = compile_request(
         target,
+        onnx_path=onnx_path,
+        out_dir=tmp_path / "build",
         signature=[IMAGE],
-        calibration=feeds,
+        feeds=feeds,
         module=model,
         device="cuda",
     )
     artifact = backend.compile(request)
-    assert artifact.triton_platform == "tensorrt_plan" and artifact.model_filename == "model.plan"
+    assert artifact.serving is not None and artifact.serving.triton_platform == "tensorrt_plan"
+    assert [name for _, name in artifact.files()] == ["model.plan"]
     # The header parser agrees with the library that wrote the plan.
     header = plan.read_header(artifact.model_path)
     assert trt.__version__.startswith(f"{header.major}.{header.minor}.{header.patch}")
@@ -78,8 +80,13 @@ def test_build_validate_and_time(
 
     # A second build reads the class's timing cache and writes it back.
     again = backend.compile(
-        CompileRequest(
-            onnx_path, tmp_path / "again", target, signature=[IMAGE], calibration=feeds, module=model
+        compile_request(
+            target,
+            onnx_path=onnx_path,
+            out_dir=tmp_path / "again",
+            signature=[IMAGE],
+            feeds=feeds,
+            module=model,
         )
     )
     assert again.options["timingCache"] == artifact.options["timingCache"] and cache_file.is_file()

@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from kompile.api.result import compact_result
+from kompile.api.job_contract import compact_result
 from kompile.api.status import Artifact, LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
 from tests.integration.kwok_stages import EXIT_CODE, MESSAGE
 

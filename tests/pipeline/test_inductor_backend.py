@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kompile.api.catalog import CATALOG, OptionsError  # noqa: E402
 from kompile.api.spec import InputSpec, Precision, Target  # noqa: E402
 from kompile.compile_jobs.backends.base import (  # noqa: E402
     BackendError,
@@ -26,8 +27,8 @@ from kompile.compile_jobs.backends.inductor import (  # noqa: E402
     dynamic_shapes,
     example_feed,
     example_sizes,
-    parse_options,
 )
+from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 
 Array = np.ndarray[Any, Any]
@@ -62,15 +63,9 @@ def _request(
     out: Path, module: Any, precision: Precision = "fp32", device: str = "cpu", **options: str
 ) -> CompileRequest:
     target = Target(name=f"t-{precision}", backend="inductor", precision=precision, options=options or None)
-    return CompileRequest(
-        onnx_path=out / "unused.onnx",
-        out_dir=out,
-        target=target,
-        signature=[IMAGE],
-        calibration=_feeds(1, 2),
-        threads=2,
-        module=module,
-        device=device,
+    feeds = _feeds(1, 2) if module is not None else []
+    return compile_request(
+        target, out_dir=out, signature=[IMAGE], feeds=feeds, module=module, threads=2, device=device
     )
 
 
@@ -108,10 +103,12 @@ def test_fp32_package_matches_eager_at_two_batch_sizes(
 
 def test_fp32_artifact_records_options_and_serving_layout(cnn_fp32: CompiledArtifact) -> None:
     assert cnn_fp32.model_path.name == "model.pt2" and cnn_fp32.model_path.is_file()
-    assert (cnn_fp32.serving_format, cnn_fp32.triton_platform, cnn_fp32.model_filename) == (
+    serving = cnn_fp32.serving
+    assert serving is not None
+    assert (serving.kserve_format, serving.triton_platform, serving.files) == (
         "pytorch",
         "torch_aoti",
-        "model.pt2",
+        ("model.pt2",),
     )
     opts = cnn_fp32.options
     assert opts["precision"] == "fp32" and opts["device"] == "cpu"
@@ -163,15 +160,20 @@ def test_onnx_source_is_refused(backend: InductorBackend, tmp_path: Path) -> Non
 
 
 def test_bad_options_say_what_is_accepted(backend: InductorBackend, cnn: Any, tmp_path: Path) -> None:
-    with pytest.raises(BackendError, match=r"unknown inductor option\(s\) \['maxAutoTune'\]; accepted"):
-        backend.compile(_request(tmp_path, cnn, maxAutoTune="true"))
-    with pytest.raises(BackendError, match=r"option freezing='maybe': use one of \['true', 'false'\]"):
-        parse_options({"freezing": "maybe"}, "cpu")
-    with pytest.raises(BackendError, match="non-negative integer"):
-        parse_options({"intraOpThreads": "-1"}, "cpu")
+    parse = CATALOG["inductor"].parse_options
+    with pytest.raises(OptionsError, match=r"unknown inductor option\(s\) \['maxAutoTune'\]; accepted"):
+        parse({"maxAutoTune": "true"})
+    with pytest.raises(OptionsError, match=r"option freezing='maybe': use one of \['true', 'false'\]"):
+        parse({"freezing": "maybe"})
+    with pytest.raises(OptionsError, match="non-negative integer"):
+        parse({"intraOpThreads": "-1"})
+    assert parse({"maxAutotune": "TRUE"}).record()["maxAutotune"] == "true"
+    # Refused when the target is written, long before a compile.
+    with pytest.raises(ValueError, match=r"unknown inductor option\(s\) \['maxAutoTune'\]"):
+        Target(name="t", backend="inductor", options={"maxAutoTune": "true"})
+    # What depends on the build's device is refused by the compile.
     with pytest.raises(BackendError, match="cudaGraphs=true applies to cuda builds only"):
-        parse_options({"cudaGraphs": "true"}, "cpu")
-    assert parse_options({"maxAutotune": "TRUE"}, "cpu")["maxAutotune"] == "true"
+        backend.compile(_request(tmp_path, cnn, cudaGraphs="true"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

@@ -13,16 +13,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
+from kompile.api.catalog import CATALOG, OptionsError  # noqa: E402
 from kompile.api.spec import Precision, Target  # noqa: E402
 from kompile.api.vocabulary import Quantization  # noqa: E402
-from kompile.compile_jobs.backends.base import BackendError, CompileRequest, Feeds, get_backend  # noqa: E402
+from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend  # noqa: E402
 from kompile.compile_jobs.backends.onnxruntime import (  # noqa: E402
     OnnxRuntimeBackend,
     detect_heads,
     detect_model_type,
     load_checked,
-    parse_options,
 )
+from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
 from tests.pipeline.conftest import torchscript_onnx  # noqa: E402
 
@@ -80,13 +81,15 @@ def _build_and_check(
     backend: OnnxRuntimeBackend, case: tuple[Any, Path, list[Feeds]], out: Path, target: Target
 ) -> dict[str, str]:
     model, onnx_path, feeds = case
-    art = backend.compile(CompileRequest(onnx_path, out, target, signature=[], calibration=feeds, threads=1))
+    art = backend.compile(
+        compile_request(target, onnx_path=onnx_path, out_dir=out, signature=[], feeds=feeds, threads=1)
+    )
     assert art.model_path.is_file() and art.model_path.parent == out
-    assert (art.serving_format, art.triton_platform, art.model_filename) == (
+    assert art.serving is not None and (art.serving.kserve_format, art.serving.triton_platform) == (
         "onnx",
         "onnxruntime_onnx",
-        "model.onnx",
     )
+    assert [name for _, name in art.files()] == ["model.onnx"]
     assert art.toolchain["onnxruntime"] == backend.version()
     runner = backend.load(art)
     result = compare(
@@ -176,7 +179,9 @@ def test_corrupt_onnx_names_the_file(backend: OnnxRuntimeBackend, tmp_path: Path
     bad.write_bytes(b"\x08\x07garbage that is not a protobuf" * 10)
     target = Target(name="cpu", backend="onnxruntime")
     with pytest.raises(BackendError, match=r"broken\.onnx.*not a valid ONNX model"):
-        backend.compile(CompileRequest(bad, tmp_path / "out", target, signature=[], calibration=[]))
+        backend.compile(
+            compile_request(target, onnx_path=bad, out_dir=tmp_path / "out", signature=[], feeds=[])
+        )
 
 
 def test_missing_file_and_static_without_calibration(
@@ -184,43 +189,48 @@ def test_missing_file_and_static_without_calibration(
 ) -> None:
     with pytest.raises(BackendError, match="does not exist"):
         backend.compile(
-            CompileRequest(
-                tmp_path / "nope.onnx",
-                tmp_path,
+            compile_request(
                 Target(name="c", backend="onnxruntime"),
+                onnx_path=tmp_path / "nope.onnx",
+                out_dir=tmp_path,
                 signature=[],
-                calibration=[],
+                feeds=[],
             )
         )
     target = Target(name="c", backend="onnxruntime", precision="int8", quantization="static")
     with pytest.raises(BackendError, match="quantization: dynamic"):
-        backend.compile(CompileRequest(cnn[1], tmp_path, target, signature=[], calibration=[]))
+        backend.compile(compile_request(target, onnx_path=cnn[1], out_dir=tmp_path, signature=[], feeds=[]))
 
 
 def test_options_are_checked() -> None:
-    assert parse_options({"optLevel": "ALL", "perChannel": "true"})["optLevel"] == "all"
-    with pytest.raises(BackendError, match=r"optLevel=.fast.*extended"):
-        parse_options({"optLevel": "fast"})
-    with pytest.raises(BackendError, match=r"unknown onnxruntime option.*optlevel"):
-        parse_options({"optlevel": "all"})
-    with pytest.raises(BackendError, match="numHeads"):
-        parse_options({"numHeads": "twelve"})
+    parse = CATALOG["onnxruntime"].parse_options
+    assert parse({"optLevel": "ALL", "perChannel": "true"}).record()["optLevel"] == "all"
+    with pytest.raises(OptionsError, match=r"optLevel=.fast.*extended"):
+        parse({"optLevel": "fast"})
+    with pytest.raises(OptionsError, match=r"unknown onnxruntime option.*optlevel"):
+        parse({"optlevel": "all"})
+    with pytest.raises(OptionsError, match="numHeads"):
+        parse({"numHeads": "twelve"})
     with pytest.raises(BackendError, match="fp16"):
         OnnxRuntimeBackend().compile(
-            CompileRequest(
-                Path("x.onnx"),
-                Path("."),
+            compile_request(
                 Target(name="c", backend="onnxruntime", precision="fp16"),
+                onnx_path=Path("x.onnx"),
+                out_dir=Path("."),
                 signature=[],
-                calibration=[],
+                feeds=[],
             )
         )
 
 
 def test_runner_names_missing_inputs(backend: OnnxRuntimeBackend, cnn: Any, tmp_path: Path) -> None:
     art = backend.compile(
-        CompileRequest(
-            cnn[1], tmp_path, Target(name="c", backend="onnxruntime"), signature=[], calibration=[]
+        compile_request(
+            Target(name="c", backend="onnxruntime"),
+            onnx_path=cnn[1],
+            out_dir=tmp_path,
+            signature=[],
+            feeds=[],
         )
     )
     runner = backend.load(art, threads=1)

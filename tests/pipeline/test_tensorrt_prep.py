@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 from kompile.api.spec import InputSpec, Precision, Target, Tolerances  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, CompileRequest, Feeds  # noqa: E402
 from kompile.compile_jobs.backends.tensorrt import CheckedGraph, prepare_and_check  # noqa: E402
+from kompile.compile_jobs.build import compile_request  # noqa: E402
 from tests.pipeline.conftest import torchscript_onnx  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -52,7 +53,9 @@ def _request(
     case: tuple[Any, Path, list[Feeds]], out: Path, target: Target, sig: list[InputSpec]
 ) -> CompileRequest:
     model, path, feeds = case
-    return CompileRequest(path, out, target, signature=sig, calibration=feeds, threads=1, module=model)
+    return compile_request(
+        target, onnx_path=path, out_dir=out, signature=sig, feeds=feeds, threads=1, module=model
+    )
 
 
 def _io_types(path: Path) -> set[int]:
@@ -118,7 +121,9 @@ def test_int8_without_samples_says_what_to_provide(
 ) -> None:
     model, path, _ = cnn
     target = Target(name="gpu-int8", backend="tensorrt", precision="int8")
-    request = CompileRequest(path, tmp_path, target, signature=[IMAGE], calibration=[], module=model)
+    request = compile_request(
+        target, onnx_path=path, out_dir=tmp_path, signature=[IMAGE], feeds=[], module=model
+    )
     with pytest.raises(BackendError, match="calibrates activation ranges on reference inputs"):
         prepare_and_check(request)
 

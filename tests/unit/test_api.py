@@ -55,7 +55,17 @@ def test_defaults_fill_in() -> None:
         (
             lambda d: d["spec"]["targets"][0].update(backend="tvm"),
             "spec.targets[0].backend",
-            "Input should be",
+            "unknown backend 'tvm'; use auto or one of",
+        ),
+        (
+            lambda d: d["spec"]["targets"][0].update(options={"optlevel": "all"}),
+            "spec.targets[0]",
+            "unknown onnxruntime option(s) ['optlevel']",
+        ),
+        (
+            lambda d: d["spec"]["targets"][0].update(options={"optLevel": "fastest"}),
+            "spec.targets[0]",
+            "option optLevel='fastest': use one of ['extended', 'all', 'basic']",
         ),
         (
             lambda d: d["spec"]["targets"][0].update(precision="fp64"),

@@ -101,7 +101,9 @@ def test_triton_config_for_aotinductor_packages() -> None:
     assert [(t.name, t.dtype) for t in a_out] == [("RESULT", "bfloat16")]
     _, two = triton.aoti_io(ins, outs * 2, "fp32")
     assert [t.name for t in two] == ["RESULT[0]", "RESULT[1]"] and two[0].dtype == "float32"
-    text = triton.config_pbtxt("m", triton.AOTI_PLATFORM, a_in, a_out, 8, model_filename="model.pt2")
+    text = triton.config_pbtxt(
+        "m", triton.AOTI_PLATFORM, a_in, a_out, 8, model_filename="model.pt2", backend="pytorch"
+    )
     assert 'platform: "torch_aoti"\nbackend: "pytorch"\n' in text
     assert (
         'name: "ARGS[1]"\n    data_type: TYPE_BF16' in text and 'default_model_filename: "model.pt2"' in text
@@ -111,9 +113,17 @@ def test_triton_config_for_aotinductor_packages() -> None:
 def test_model_repository_layout(tmp_path: Path) -> None:
     model = tmp_path / "m.onnx"
     model.write_bytes(b"onnx")
-    d = triton.write_model_repository(tmp_path / "repo", "resnet", model, "model.onnx", "cfg")
+    d = triton.write_model_repository(tmp_path / "repo", "resnet", [(model, "model.onnx")], "cfg")
     assert (d / "config.pbtxt").read_text() == "cfg"
     assert (d / "1" / "model.onnx").read_bytes() == b"onnx"
+    # Several files (OpenVINO's .xml and .bin), and no config for a backend Triton does not serve.
+    weights = tmp_path / "m.bin"
+    weights.write_bytes(b"w")
+    d2 = triton.write_model_repository(
+        tmp_path / "repo2", "ov", [(model, "model.xml"), (weights, "model.bin")], None
+    )
+    assert sorted(p.name for p in (d2 / "1").iterdir()) == ["model.bin", "model.xml"]
+    assert not (d2 / "config.pbtxt").exists()
 
 
 @pytest.mark.parametrize(

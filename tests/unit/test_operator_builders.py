@@ -7,7 +7,7 @@ from typing import Any
 from kompile.api import parse_manifest
 from kompile.api.cache import cache_key
 from kompile.api.candidates import backends_of
-from kompile.api.result import TERMINATION_LIMIT, compact_result, parse_compact
+from kompile.api.job_contract import TERMINATION_LIMIT, compact_result, parse_compact
 from kompile.api.status import LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import build_job, job_name

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from kompile.api.candidates import backends_of, candidate_targets, is_multi, target_device
-from kompile.api.result import TERMINATION_LIMIT, compact_result, parse_compact
+from kompile.api.job_contract import TERMINATION_LIMIT, compact_result, parse_compact
 from kompile.api.spec import Selection, Target
 from kompile.api.status import CandidateStatus, LatencyStats, SelectionStatus, TargetStatus
 from kompile.compile_jobs.selection import select

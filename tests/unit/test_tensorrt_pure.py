@@ -15,7 +15,7 @@ import pytest
 
 from kompile.api.spec import InputSpec
 from kompile.compile_jobs import triton
-from kompile.compile_jobs.backends.base import BackendError, BackendUnavailable, get_backend
+from kompile.compile_jobs.backends.base import BackendUnavailable, get_backend
 from kompile.compile_jobs.trt import cache, plan, profiles
 from kompile.operator import tensorrt_match as tm
 from kompile.operator.settings import Settings
@@ -200,24 +200,28 @@ def test_timing_cache_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_options_parse_with_clear_errors() -> None:
-    from kompile.compile_jobs.backends.tensorrt import parse_options
+    from kompile.api.catalog import CATALOG, OptionsError
+    from kompile.api.catalog.tensorrt import TensorRTOptions
 
-    opts = parse_options(
-        {"workspaceMiB": "1024", "optLevel": "5", "excludeOps": "Softmax,LayerNormalization"}
-    )
-    assert opts["workspaceMiB"] == "1024" and opts["highPrecision"] == "fp16"
-    assert opts["excludeOps"] == "Softmax,LayerNormalization"  # case kept: op types are case-sensitive
-    with pytest.raises(BackendError, match="unknown tensorrt option"):
-        parse_options({"fp16": "true"})
-    with pytest.raises(BackendError, match=r"optLevel='7': use one of"):
-        parse_options({"optLevel": "7"})
-    with pytest.raises(BackendError, match="non-negative integer"):
-        parse_options({"workspaceMiB": "lots"})
+    parse = CATALOG["tensorrt"].parse_options
+    opts = parse({"workspaceMiB": "1024", "optLevel": "5", "excludeOps": "Softmax,LayerNormalization"})
+    assert isinstance(opts, TensorRTOptions)
+    assert opts.workspace_mi_b == 1024 and opts.high_precision == "fp16"
+    assert opts.exclude_ops == "Softmax,LayerNormalization"  # case kept: op types are case-sensitive
+    assert opts.record()["workspaceMiB"] == "1024"
+    with pytest.raises(OptionsError, match="unknown tensorrt option"):
+        parse({"fp16": "true"})
+    with pytest.raises(OptionsError, match=r"optLevel='7': use one of"):
+        parse({"optLevel": "7"})
+    with pytest.raises(OptionsError, match="non-negative integer"):
+        parse({"workspaceMiB": "lots"})
+    with pytest.raises(OptionsError, match="workspaceMiB='0'"):
+        parse({"workspaceMiB": "0"})
 
 
 def test_backend_imports_without_tensorrt_and_says_where_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = get_backend("tensorrt")
-    assert backend.name == "tensorrt" and backend.device == "cuda"
+    assert backend.name == "tensorrt" and backend.entry.devices == ("cuda",)
     assert backend.precisions == frozenset({"fp32", "fp16", "bf16", "int8"})
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -237,7 +241,7 @@ def test_backend_imports_without_tensorrt_and_says_where_to_get_it(monkeypatch: 
 
     with pytest.raises(BackendUnavailable, match="compile-gpu image"):
         engine.import_tensorrt()
-    assert backend.version() == "unavailable"
+    assert backend.version().startswith("unknown+nvidia-modelopt=")  # no TensorRT here
 
 
 def test_modelopt_pins_match_the_extra() -> None:

@@ -1,9 +1,11 @@
 """The small interface every compiler backend implements.
 
-A backend turns the exported ONNX graph (or the source module, for backends that want it) into one
-artifact file, and gives back a runner that executes exactly that file, so validation and benchmark
-measure what ships. Backends are imported lazily by name (`get_backend`): the package imports on a
-machine without TensorRT or CUDA.
+A backend turns the exported ONNX graph (or the source module, for backends that want it) into an
+artifact, and gives back a runner that executes exactly that artifact, so validation and benchmark
+measure what ships. What a backend is (name, devices, precisions, input, serving format, options,
+version) is its catalog entry in `kompile.api.catalog`; the class here reads it from there.
+Backends are imported lazily by name (`get_backend`): the package imports on a machine without
+TensorRT or CUDA.
 """
 
 from __future__ import annotations
@@ -12,15 +14,22 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+from kompile.api.catalog import CATALOG, BackendEntry, BackendOptions, Serving
 
 if TYPE_CHECKING:
     import numpy as np
 
     from kompile.api.spec import InputSpec, Target
+    from kompile.api.status import Thresholds
+    from kompile.api.vocabulary import TaskKind
+    from kompile.compile_jobs.run_results import RunResults
 
 Feeds = dict[str, "np.ndarray[Any, Any]"]
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
 
 class BackendError(RuntimeError):
@@ -42,14 +51,26 @@ class CompileRequest:
     """Scratch folder for this target; the artifact file is written inside it."""
     target: Target
     signature: Sequence[InputSpec]
-    calibration: Sequence[Feeds]
-    """Reference inputs, one feed dict per sample, for static quantization."""
+    reference: RunResults
+    """The source model's outputs on the reference inputs, computed once per run: calibration data
+    for static quantization, and what a backend's own pre-checks compare against."""
+    options: BackendOptions
+    """The target's options, parsed by the backend's catalog entry."""
+    thresholds: Thresholds
+    """Validation thresholds of the target (precision defaults, spec.validation, the target's)."""
+    task: TaskKind = "auto"
+    """spec.validation.task, for the task-level checks."""
     threads: int | None = None
     module: Any = None
     """The eager torch module, for backends that compile from PyTorch rather than ONNX."""
     device: str = "cpu"
     """cpu or cuda: the device of the hardware class the artifact is built for (one of the
-    backend's `devices`)."""
+    backend's devices)."""
+
+    @property
+    def calibration(self) -> list[Feeds]:
+        """Reference inputs, one feed dict per sample."""
+        return self.reference.inputs
 
     def onnx(self) -> Path:
         """The exported graph, for backends that compile from ONNX."""
@@ -64,17 +85,25 @@ class CompileRequest:
 class CompiledArtifact:
     """One built artifact and what it took to build it."""
 
+    backend: str
     model_path: Path
-    serving_format: str
-    """KServe model format name: onnx, tensorrt, pytorch."""
-    triton_platform: str
-    """Triton platform or backend: onnxruntime_onnx, tensorrt_plan, ..."""
-    model_filename: str
-    """File name inside the Triton version folder: model.onnx, model.plan."""
+    """The model file; a backend whose serving format has more files writes them beside it."""
     options: dict[str, str] = field(default_factory=dict)
     """Compile options actually used, recorded with the artifact."""
     toolchain: dict[str, str] = field(default_factory=dict)
     """Package versions that built it."""
+
+    @property
+    def serving(self) -> Serving | None:
+        """How Triton serves it (from the catalog); None for a backend kompile cannot roll out."""
+        return CATALOG[self.backend].serving
+
+    def files(self) -> list[tuple[Path, str]]:
+        """(built file, name in the Triton version folder) for each file of the artifact."""
+        if self.serving is None:
+            return [(self.model_path, self.model_path.name)]
+        first, *rest = self.serving.files
+        return [(self.model_path, first)] + [(self.model_path.parent / name, name) for name in rest]
 
 
 class Runner(Protocol):
@@ -87,25 +116,49 @@ class Runner(Protocol):
 
 
 class Backend(ABC):
-    """A compiler. Subclasses live in `kompile/compile_jobs/backends/<name>.py` as `BACKEND`."""
+    """A compiler. Subclasses live in `kompile/compile_jobs/backends/<name>.py` as `BACKEND`; what
+    they are comes from `kompile.api.catalog.CATALOG[name]`."""
 
     name: ClassVar[str]
-    precisions: ClassVar[frozenset[str]]
-    device: ClassVar[str]
-    """cpu or cuda: the device the backend builds for when the hardware class does not say."""
-    devices: ClassVar[frozenset[str]] = frozenset()
-    """Every device the backend can build for; empty means only `device`."""
+
+    @property
+    def entry(self) -> BackendEntry:
+        return CATALOG[self.name]
+
+    @property
+    def precisions(self) -> frozenset[str]:
+        return self.entry.precisions
 
     def supports_device(self, device: str) -> bool:
-        return device in (self.devices or frozenset({self.device}))
+        return device in self.entry.devices
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run here, or None when it can."""
         return None
 
-    @abstractmethod
+    def installed_versions(self) -> dict[str, str]:
+        """Versions of the entry's distributions as installed here (absent ones left out)."""
+        out = {}
+        for dist in self.entry.version_from:
+            try:
+                out[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return out
+
     def version(self) -> str:
-        """Version of the compiler, part of the compile cache key."""
+        """Its version as the catalog spells it: part of the lineage, and equal to the operator's
+        cache-key version when the image carries the pinned toolchain."""
+        return self.entry.version_string(self.installed_versions())
+
+    def check_request(self, request: CompileRequest) -> None:
+        """Refuse a precision or device the backend does not build, naming what it does."""
+        target = request.target
+        if target.precision not in self.precisions:
+            builds = sorted(self.precisions)
+            raise BackendError(f"target {target.name!r}: {self.name} builds {builds}, not {target.precision}")
+        if not self.supports_device(request.device):
+            raise BackendError(f"{self.name} builds for {list(self.entry.devices)}, not {request.device}")
 
     @abstractmethod
     def compile(self, request: CompileRequest) -> CompiledArtifact:
@@ -113,19 +166,29 @@ class Backend(ABC):
 
     @abstractmethod
     def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> Runner:
-        """A runner for the built artifact file, on `device` (the request's)."""
+        """A runner for the built artifact, on `device` (the request's)."""
 
 
 def get_backend(name: str) -> Backend:
     """Import `kompile.compile_jobs.backends.<name>` and return its BACKEND instance."""
+    if name not in CATALOG:
+        raise BackendUnavailable(f"unknown backend {name!r}; the catalog has {sorted(CATALOG)}")
     try:
         module = importlib.import_module(f"kompile.compile_jobs.backends.{name}")
     except ModuleNotFoundError as err:
         if err.name and err.name.endswith(f"backends.{name}"):
-            raise BackendUnavailable(f"unknown backend {name!r}") from None
+            raise BackendUnavailable(f"backend {name!r} is in the catalog but has no module") from None
         raise BackendUnavailable(
-            f"backend {name!r} needs the Python package {err.name!r}: pip install 'kompile[{name}]'"
+            f"backend {name!r} needs the Python package {err.name!r}: "
+            f"pip install 'kompile[{CATALOG[name].extra}]'"
         ) from None
     backend = module.BACKEND
     assert isinstance(backend, Backend)
     return backend
+
+
+def options_of(request: CompileRequest, kind: type[OptionsT]) -> OptionsT:
+    """The request's options as the backend's own options model (a programming error otherwise)."""
+    if not isinstance(request.options, kind):
+        raise TypeError(f"expected {kind.__name__}, got {type(request.options).__name__}")
+    return request.options

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import sysconfig
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch._inductor import exc as inductor_exc
 
+from kompile.api.catalog.inductor import InductorOptions
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
@@ -49,6 +50,7 @@ from kompile.compile_jobs.backends.base import (
     CompiledArtifact,
     CompileRequest,
     Feeds,
+    options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.inputs import generate_feeds
@@ -66,36 +68,9 @@ _INPUT_DTYPES = {
     "int32": torch.int32,
     "bool": torch.bool,
 }
-_BOOL = ("true", "false")
-# Target options: name -> (default, accepted values; () means a non-negative integer).
-OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "maxAutotune": ("false", _BOOL),  # benchmark kernel choices at compile time (much slower build)
-    "freezing": ("true", _BOOL),  # constant-fold weights, prepack them for oneDNN on the CPU
-    "cudaGraphs": ("false", _BOOL),  # cuda only: the runner captures a CUDA graph per input shape
-    "intraOpThreads": ("0", ()),  # cpu: OpenMP threads baked into the kernels; 0: request's or all
-    "dynamicThreads": ("false", _BOOL),  # cpu: read the thread count at run time instead
-}
 # What torch.export and the user's forward() raise while tracing; re-raised as a BackendError.
 EXPORT_ERRORS = (RuntimeError, TypeError, ValueError, AssertionError, AttributeError, IndexError, KeyError)
 _META_INPUTS, _META_DTYPES, _META_PRECISION = "kompile.inputs", "kompile.input_dtypes", "kompile.precision"
-
-
-def parse_options(raw: Mapping[str, str] | None, device: str) -> dict[str, str]:
-    """target.options merged over the defaults; a bad key or value says what is accepted."""
-    raw = dict(raw or {})
-    unknown = sorted(set(raw) - set(OPTIONS))
-    if unknown:
-        raise BackendError(f"unknown inductor option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    out = {key: str(raw.get(key, default)).strip().lower() for key, (default, _) in OPTIONS.items()}
-    for key, (_, allowed) in OPTIONS.items():
-        value = out[key]
-        if not allowed and not value.isdigit():
-            raise BackendError(f"option {key}={raw[key]!r}: use a non-negative integer")
-        if allowed and value not in allowed:
-            raise BackendError(f"option {key}={raw[key]!r}: use one of {list(allowed)}")
-    if out["cudaGraphs"] == "true" and device != "cuda":
-        raise BackendError("option cudaGraphs=true applies to cuda builds only; remove it for a cpu target")
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,12 +337,6 @@ class InductorRunner:
 
 class InductorBackend(Backend):
     name = "inductor"
-    precisions = frozenset({"fp32", "bf16", "fp16"})
-    device = "cpu"
-    devices = frozenset({"cpu", "cuda"})
-
-    def version(self) -> str:
-        return str(torch.__version__)
 
     def unavailable_reason(self) -> str | None:
         if cxx_compiler() is None:
@@ -378,24 +347,23 @@ class InductorBackend(Backend):
         return None
 
     def compile(self, request: CompileRequest) -> CompiledArtifact:
+        self.check_request(request)
         target, device = request.target, request.device
-        if target.precision not in self.precisions:
-            raise BackendError(
-                f"target {target.name!r}: inductor builds {sorted(self.precisions)}, not {target.precision}"
-            )
         if request.module is None:
             raise BackendError(
                 f"target {target.name!r}: inductor compiles from a PyTorch source (an nn.Module, a "
                 "torch.export .pt2 or a python:// factory) and this source is ONNX; use backend "
                 "onnxruntime or tensorrt for it"
             )
-        if not self.supports_device(device):
-            raise BackendError(f"inductor builds for {sorted(self.devices)}, not {device}")
         if device == "cuda" and not torch.cuda.is_available():
             raise _cuda_missing("inductor")
-        opts = parse_options(target.options, device)
+        opts = options_of(request, InductorOptions)
+        if opts.cuda_graphs and device != "cuda":
+            raise BackendError(
+                "option cudaGraphs=true applies to cuda builds only; remove it for a cpu target"
+            )
         dtype = DTYPES[target.precision]
-        threads = int(opts["intraOpThreads"]) or request.threads or available_cores()
+        threads = opts.intra_op_threads or request.threads or available_cores()
         label = type(request.module).__qualname__
         module = (
             request.module if dtype == torch.float32 and device == "cpu" else copy.deepcopy(request.module)
@@ -409,14 +377,14 @@ class InductorBackend(Backend):
         record = {
             "precision": target.precision,
             "device": device,
-            "maxAutotune": opts["maxAutotune"],
-            "freezing": opts["freezing"],
+            "maxAutotune": str(opts.max_autotune).lower(),
+            "freezing": str(opts.freezing).lower(),
             "inputOrder": ",".join(s.name for s in request.signature),
             "exampleSizes": ",".join(f"{k}={v}" for k, v in example_sizes(request.signature).items()),
         }
         configs: dict[str, Any] = {
-            "max_autotune": opts["maxAutotune"] == "true",
-            "freezing": opts["freezing"] == "true",
+            "max_autotune": opts.max_autotune,
+            "freezing": opts.freezing,
             "aot_inductor.metadata": {
                 _META_INPUTS: record["inputOrder"],
                 _META_DTYPES: ",".join(str(d).removeprefix("torch.") for d in dtypes),
@@ -425,10 +393,10 @@ class InductorBackend(Backend):
         }
         if device == "cpu":
             configs["cpp.threads"] = threads
-            configs["cpp.dynamic_threads"] = opts["dynamicThreads"] == "true"
-            record.update(intraOpThreads=str(threads), dynamicThreads=opts["dynamicThreads"])
+            configs["cpp.dynamic_threads"] = opts.dynamic_threads
+            record.update(intraOpThreads=str(threads), dynamicThreads=str(opts.dynamic_threads).lower())
         else:
-            record["cudaGraphs"] = opts["cudaGraphs"]
+            record["cudaGraphs"] = str(opts.cuda_graphs).lower()
         out = request.out_dir / "model.pt2"
         request.out_dir.mkdir(parents=True, exist_ok=True)
         # torch prints graphs and progress on stdout, which belongs to `kompile run --json`.
@@ -451,10 +419,8 @@ class InductorBackend(Backend):
                     "try freezing=false or maxAutotune=false, or precision fp32"
                 ) from err
         return CompiledArtifact(
+            backend=self.name,
             model_path=out,
-            serving_format="pytorch",
-            triton_platform="torch_aoti",
-            model_filename="model.pt2",
             options=record,
             toolchain=toolchain(device),
         )

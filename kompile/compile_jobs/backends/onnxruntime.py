@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import platform
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,15 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from kompile.compile_jobs.backends.base import Backend, BackendError, CompiledArtifact, CompileRequest, Feeds
+from kompile.api.catalog.onnxruntime import OnnxRuntimeOptions
+from kompile.compile_jobs.backends.base import (
+    Backend,
+    BackendError,
+    CompiledArtifact,
+    CompileRequest,
+    Feeds,
+    options_of,
+)
 from kompile.compile_jobs.benchmark import available_cores
 
 Array = np.ndarray[Any, Any]
@@ -53,48 +61,6 @@ OPT_LEVELS = {
 _TRANSFORMER_OPS = {"Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization"}
 # Embedding tables stay fp32 under dynamic quantization: a lookup gains no speed from int8, only error.
 _DYNAMIC_SKIP_OPS = {"EmbedLayerNormalization", "Gather"}
-
-# Target options: name -> (default, accepted values; () means a non-negative integer).
-OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "optLevel": ("extended", ("extended", "all", "basic")),
-    "modelType": ("auto", ("auto", "none", "bert")),  # or any ONNX Runtime optimizer model type
-    "numHeads": ("0", ()),  # 0: read from the graph
-    "hiddenSize": ("0", ()),
-    "attentionMask": ("raw", ("raw", "index")),  # index: faster only for right-padded batches
-    "skipLayerNorm": ("false", ("true", "false")),  # fuse Add + LayerNormalization (slower on CPU)
-    "geluApproximation": ("auto", ("auto", "true", "false")),  # tanh GELU; auto: int8 only
-    "perChannel": ("auto", ("auto", "true", "false")),  # auto: static true, dynamic false
-    "reduceRange": ("false", ("true", "false")),
-    "quantFormat": ("qdq", ("qdq", "qoperator")),  # static only; dynamic is always QOperator
-    "activationType": ("uint8", ("uint8", "int8")),  # static only; int8 means symmetric
-    "calibrationMethod": ("minmax", ("minmax", "entropy", "percentile")),
-    "intraOpThreads": ("0", ()),  # 0: the request's threads, else every core
-    "interOpThreads": ("1", ()),
-}
-
-
-def parse_options(raw: Mapping[str, str] | None) -> dict[str, str]:
-    """target.options merged over the defaults; a bad key or value says what is accepted."""
-    raw = dict(raw or {})
-    unknown = sorted(set(raw) - set(OPTIONS))
-    if unknown:
-        raise BackendError(f"unknown onnxruntime option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    out = {key: str(raw.get(key, default)).strip().lower() for key, (default, _) in OPTIONS.items()}
-    for key, (_, allowed) in OPTIONS.items():
-        value = out[key]
-        if not allowed and not value.isdigit():
-            raise BackendError(f"option {key}={raw[key]!r}: use a non-negative integer")
-        if allowed and value not in allowed and not (key == "modelType" and value in _ort_model_types()):
-            more = sorted(_ort_model_types()) if key == "modelType" else []
-            raise BackendError(f"option {key}={raw[key]!r}: use one of {[*allowed, *more]}")
-    return out
-
-
-def _ort_model_types() -> set[str]:
-    from onnxruntime.transformers.optimizer import MODEL_TYPES
-
-    return set(MODEL_TYPES)
-
 
 # ---------------------------------------------------------------------------------------------
 # Graph inspection: is it a transformer, and how many heads
@@ -205,25 +171,27 @@ def detect_heads(model: onnx.ModelProto) -> tuple[int, int]:
 # The steps
 
 
-def fuse_transformer(src: Path, model: onnx.ModelProto, dst: Path, opts: Opts, record: Opts) -> Path:
+def fuse_transformer(
+    src: Path, model: onnx.ModelProto, dst: Path, opts: OnnxRuntimeOptions, record: Opts
+) -> Path:
     """ONNX Runtime's transformer fusions; the fused-op counts go into the record."""
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
 
-    heads, hidden = int(opts["numHeads"]), int(opts["hiddenSize"])
+    heads, hidden = opts.num_heads, opts.hidden_size
     if not (heads and hidden):
         heads, hidden = detect_heads(model)
     fusion = FusionOptions(record["modelType"])
     # A raw 2-D mask is right for any padding; a mask index assumes right-padded batches.
-    raw = opts["attentionMask"] == "raw"
+    raw = opts.attention_mask == "raw"
     fusion.attention_mask_format = (
         AttentionMaskFormat.AttentionMask if raw else AttentionMaskFormat.MaskIndexEnd
     )
     # ONNX Runtime's CPU SkipLayerNormalization kernel measured 5x slower than Add + LayerNormalization.
-    fusion.enable_skip_layer_norm = fusion.enable_bias_skip_layer_norm = opts["skipLayerNorm"] == "true"
+    fusion.enable_skip_layer_norm = fusion.enable_bias_skip_layer_norm = opts.skip_layer_norm
     # tanh GELU (FastGelu) is a few percent faster than erf; its ~5e-4 error hides under int8 rounding.
-    approximate = opts["geluApproximation"] == "true" or (
-        opts["geluApproximation"] == "auto" and record["precision"] == "int8"
+    approximate = opts.gelu_approximation == "true" or (
+        opts.gelu_approximation == "auto" and record["precision"] == "int8"
     )
     fusion.enable_gelu_approximation = approximate
     try:
@@ -244,8 +212,8 @@ def fuse_transformer(src: Path, model: onnx.ModelProto, dst: Path, opts: Opts, r
     record.update(
         numHeads=str(heads or "auto"),
         hiddenSize=str(hidden or "auto"),
-        attentionMask=opts["attentionMask"],
-        skipLayerNorm=opts["skipLayerNorm"],
+        attentionMask=opts.attention_mask,
+        skipLayerNorm=str(opts.skip_layer_norm).lower(),
         geluApproximation=str(approximate).lower(),
     )
     record["fusedOps"] = ",".join(f"{k}={v}" for k, v in stats) or "none"
@@ -267,13 +235,13 @@ class FeedReader:
         self._next = 0
 
 
-def quantize_dynamic(src: Path, dst: Path, opts: Opts, record: Opts) -> Path:
+def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opts) -> Path:
     """int8 weights, activations quantized per call (uint8): no calibration data needed."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
-    per_channel = opts["perChannel"] == "true"  # auto: per-tensor, measured as fast and as close on BERT
+    per_channel = opts.per_channel == "true"  # auto: per-tensor, measured as fast and as close on BERT
     op_types = sorted(set(IntegerOpsRegistry) - _DYNAMIC_SKIP_OPS)
     extra = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
     try:
@@ -282,7 +250,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: Opts, record: Opts) -> Path:
             str(dst),
             op_types_to_quantize=op_types,
             per_channel=per_channel,
-            reduce_range=opts["reduceRange"] == "true",
+            reduce_range=opts.reduce_range,
             weight_type=QuantType.QInt8,
             extra_options=extra,
         )
@@ -291,12 +259,12 @@ def quantize_dynamic(src: Path, dst: Path, opts: Opts, record: Opts) -> Path:
             f"dynamic int8 quantization of {src} failed: {err}; try quantization: static"
         ) from err
     record.update(quantization="dynamic", quantFormat="qoperator", weightType="int8", activationType="uint8")
-    record.update(perChannel=str(per_channel).lower(), reduceRange=opts["reduceRange"])
+    record.update(perChannel=str(per_channel).lower(), reduceRange=str(opts.reduce_range).lower())
     return dst
 
 
 def quantize_static(
-    src: Path, inputs: list[str], work: Path, req: CompileRequest, opts: Opts, record: Opts
+    src: Path, inputs: list[str], work: Path, req: CompileRequest, opts: OnnxRuntimeOptions, record: Opts
 ) -> Path:
     """QDQ int8 with activation ranges calibrated on the reference inputs; per-channel weights."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quant_pre_process
@@ -308,18 +276,18 @@ def quantize_static(
             "validation samples or a dataset, or set quantization: dynamic"
         )
     pre, dst = work / "preprocessed.onnx", work / "quantized.onnx"
-    per_channel = opts["perChannel"] != "false"
-    method = next(m for m in CalibrationMethod if m.name.lower() == opts["calibrationMethod"])
-    symmetric = opts["activationType"] == "int8"
+    per_channel = opts.per_channel != "false"
+    method = next(m for m in CalibrationMethod if m.name.lower() == opts.calibration_method)
+    symmetric = opts.activation_type == "int8"
     try:
         quant_pre_process(str(src), str(pre), auto_merge=True)
         ort_quantize_static(
             str(pre),
             str(dst),
             FeedReader(req.calibration, inputs),
-            quant_format=QuantFormat.QDQ if opts["quantFormat"] == "qdq" else QuantFormat.QOperator,
+            quant_format=QuantFormat.QDQ if opts.quant_format == "qdq" else QuantFormat.QOperator,
             per_channel=per_channel,
-            reduce_range=opts["reduceRange"] == "true",
+            reduce_range=opts.reduce_range,
             activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=method,
@@ -333,7 +301,8 @@ def quantize_static(
         raise BackendError(
             f"static int8 quantization of {src} failed: {err}; try quantization: dynamic"
         ) from err
-    record.update({k: opts[k] for k in ("quantFormat", "activationType", "reduceRange", "calibrationMethod")})
+    wire = opts.record()
+    record.update({k: wire[k] for k in ("quantFormat", "activationType", "reduceRange", "calibrationMethod")})
     record.update(quantization="static", weightType="int8", perChannel=str(per_channel).lower())
     record["calibrationSamples"] = str(len(req.calibration))
     return dst
@@ -418,32 +387,23 @@ def _as_dtype(value: Array, dtype: np.dtype[Any] | None) -> Array:
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
-    precisions = frozenset({"fp32", "int8"})
-    device = "cpu"
-
-    def version(self) -> str:
-        return str(ort.__version__)
 
     def compile(self, request: CompileRequest) -> CompiledArtifact:
+        self.check_request(request)
         target = request.target
-        if target.precision not in self.precisions:
-            precisions = sorted(self.precisions)
-            raise BackendError(
-                f"target {target.name!r}: onnxruntime builds {precisions}, not {target.precision}"
-            )
-        opts = parse_options(target.options)
+        opts = options_of(request, OnnxRuntimeOptions)
         model = load_checked(request.onnx())
         work = request.out_dir / "work"
         work.mkdir(parents=True, exist_ok=True)
-        threads = int(opts["intraOpThreads"]) or request.threads or available_cores()
-        model_type = detect_model_type(model) if opts["modelType"] == "auto" else opts["modelType"]
+        threads = opts.intra_op_threads or request.threads or available_cores()
+        model_type = detect_model_type(model) if opts.model_type == "auto" else opts.model_type
         record = {
             "precision": target.precision,
             "modelType": model_type,
-            "optLevel": opts["optLevel"],
+            "optLevel": opts.opt_level,
             "loadOptLevel": "all",
             "intraOpThreads": str(threads),
-            "interOpThreads": opts["interOpThreads"],
+            "interOpThreads": str(opts.inter_op_threads),
         }
         mode = target.quantization or ("dynamic" if model_type != "none" else "static")
         graph = request.onnx()
@@ -457,17 +417,15 @@ class OnnxRuntimeBackend(Backend):
             inputs = [i.name for i in model.graph.input if i.name not in weights]
             graph = quantize_static(graph, inputs, work, request, opts, record)
         final = request.out_dir / "model.onnx"
-        disabled = [] if opts["skipLayerNorm"] == "true" else ["SkipLayerNormFusion"]
+        disabled = [] if opts.skip_layer_norm else ["SkipLayerNormFusion"]
         record["disabledOptimizers"] = ",".join(disabled)
-        optimize_and_save(graph, final, opts["optLevel"], threads, disabled)
+        optimize_and_save(graph, final, opts.opt_level, threads, disabled)
         return CompiledArtifact(
+            backend=self.name,
             model_path=final,
-            serving_format="onnx",
-            triton_platform="onnxruntime_onnx",
-            model_filename="model.onnx",
             options=record,
             toolchain={
-                "onnxruntime": self.version(),
+                "onnxruntime": str(ort.__version__),
                 "onnx": str(onnx.__version__),
                 "numpy": str(np.__version__),
                 "cpu": cpu_features(),

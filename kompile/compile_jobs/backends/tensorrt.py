@@ -15,57 +15,23 @@ Steps (each recorded in the artifact's options):
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kompile.api.catalog.tensorrt import TensorRTOptions
 from kompile.api.status import ValidationResult
-from kompile.compile_jobs import validate
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
     BackendUnavailable,
     CompiledArtifact,
     CompileRequest,
+    options_of,
 )
 from kompile.compile_jobs.trt import cache, engine, plan, prep, profiles
 
-# Target options: name -> (default, accepted values; () means a non-negative integer).
-OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "workspaceMiB": ("4096", ()),
-    "optLevel": ("3", ("0", "1", "2", "3", "4", "5")),  # builder_optimization_level
-    "hardwareCompatibility": ("none", tuple(engine.HARDWARE_COMPATIBILITY)),
-    "versionCompatible": ("false", ("true", "false")),
-    "profileSplit": (str(profiles.DEFAULT_SPLIT_RATIO), ()),  # 0: one profile however wide
-    "highPrecision": ("fp16", ("fp16", "fp32")),  # int8: precision of the unquantized layers
-    "calibrationMethod": ("entropy", ("entropy", "max")),
-    "excludeOps": ("", ()),  # comma-separated op types kept at fp32 by AutoCast / quantization
-    "cpuValidation": ("true", ("true", "false")),
-    "cudaGraphs": ("false", ("true", "false")),  # Triton's CUDA graphs for this model
-    "timingCacheDir": ("", ()),  # default: $KOMPILE_TIMING_CACHE_DIR
-}
-_FREE_TEXT = {"excludeOps", "timingCacheDir"}
-
-
-def parse_options(raw: Mapping[str, str] | None) -> dict[str, str]:
-    """target.options merged over the defaults; a bad key or value says what is accepted."""
-    raw = dict(raw or {})
-    unknown = sorted(set(raw) - set(OPTIONS))
-    if unknown:
-        raise BackendError(f"unknown tensorrt option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    out = {}
-    for key, (default, allowed) in OPTIONS.items():
-        value = str(raw.get(key, default)).strip()
-        if key not in _FREE_TEXT:
-            value = value.lower()
-            if not allowed and not value.isdigit():
-                raise BackendError(f"option {key}={raw[key]!r}: use a non-negative integer")
-            if allowed and value not in allowed:
-                raise BackendError(f"option {key}={raw[key]!r}: use one of {list(allowed)}")
-        out[key] = value
-    if int(out["workspaceMiB"]) < 1:
-        raise BackendError("option workspaceMiB must be at least 1")
-    return out
+# Options recorded with the artifact as given (the preparation records its own).
+_RECORDED = ("workspaceMiB", "optLevel", "hardwareCompatibility", "versionCompatible", "cudaGraphs")
 
 
 @dataclass
@@ -76,43 +42,28 @@ class CheckedGraph:
     check: ValidationResult | None
 
 
-def _reference(request: CompileRequest, threads: int | None) -> list[list[Any]]:
-    """The source model's outputs on the calibration samples: eager when the module is at hand,
-    else the exported graph on ONNX Runtime with every optimization off."""
-    feeds = list(request.calibration)
-    if request.module is not None:
-        from kompile.compile_jobs.export import eager_outputs
-
-        return [list(o) for o in eager_outputs(request.module, feeds, request.signature)]
-    from kompile.compile_jobs.reference import OnnxReferenceRunner
-
-    runner = OnnxReferenceRunner(request.onnx(), threads or 1)
-    return [runner.run(f) for f in feeds]
-
-
-def prepare_and_check(request: CompileRequest, opts: Mapping[str, str] | None = None) -> CheckedGraph:
-    """Steps 1-2 on CPU: the graph TensorRT builds from, checked against the source model.
+def prepare_and_check(request: CompileRequest) -> CheckedGraph:
+    """Steps 1-2 on CPU: the graph TensorRT builds from, checked against the run's saved reference
+    outputs with the target's thresholds and task (spec.validation's, then the target's).
 
     Raises BackendError naming the missed thresholds when the precision cannot hold accuracy.
     """
-    options = dict(opts) if opts is not None else parse_options(request.target.options)
+    options = options_of(request, TensorRTOptions)
     precision = request.target.precision
-    excluded = [op.strip() for op in options["excludeOps"].split(",") if op.strip()]
+    excluded = [op.strip() for op in options.exclude_ops.split(",") if op.strip()]
     prepared = prep.prepare_graph(
         request.onnx(),
         precision,
         request.out_dir / "prepared",
         request.calibration,
-        high_precision=options["highPrecision"],
-        calibration_method=options["calibrationMethod"],
+        high_precision=options.high_precision,
+        calibration_method=options.calibration_method,
         exclude_ops=excluded,
     )
-    if options["cpuValidation"] == "false" or not request.calibration:
+    if not options.cpu_validation or not request.calibration:
         prepared.record["cpuValidation"] = "skipped"
         return CheckedGraph(prepared, None)
-    thresholds = validate.resolve_thresholds(precision, request.target.tolerances)
-    reference = _reference(request, request.threads)
-    result = prep.check_on_cpu(prepared, reference, request.calibration, thresholds, request.threads)
+    result = prep.check_on_cpu(prepared, request.reference, request.thresholds, request.task, request.threads)
     worst = min((o.cosine for o in result.outputs), default=1.0)
     prepared.record["cpuValidation"] = "passed" if result.passed else "failed"
     prepared.record["cpuMinCosine"] = f"{worst:.6f}"
@@ -136,14 +87,16 @@ def _gpu_class() -> str | None:
 
 class TensorRTBackend(Backend):
     name = "tensorrt"
-    precisions = frozenset({"fp32", "fp16", "bf16", "int8"})
-    device = "cuda"
 
-    def version(self) -> str:
+    def installed_versions(self) -> dict[str, str]:
+        # TensorRT's wheels ship under several distribution names (tensorrt, tensorrt-cu12, ...):
+        # ask the module itself.
+        out = super().installed_versions()
         try:
-            return engine.trt_version()
+            out["tensorrt"] = engine.trt_version()
         except BackendUnavailable:
-            return "unavailable"
+            out.pop("tensorrt", None)
+        return out
 
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("tensorrt") is None:
@@ -157,24 +110,21 @@ class TensorRTBackend(Backend):
         return None
 
     def compile(self, request: CompileRequest) -> CompiledArtifact:
+        self.check_request(request)
         target = request.target
-        if target.precision not in self.precisions:
-            raise BackendError(
-                f"target {target.name!r}: tensorrt builds {sorted(self.precisions)}, not {target.precision}"
-            )
-        opts = parse_options(target.options)
-        checked = prepare_and_check(request, opts)
+        opts = options_of(request, TensorRTOptions)
+        checked = prepare_and_check(request)
         trt_version = engine.trt_version()
         gpu_class = _gpu_class() or "gpu-unknown"
-        split = int(opts["profileSplit"])
+        split = opts.profile_split
         derived = profiles.derive_profiles(request.signature, split if split else 0)
-        cache_root = cache.timing_cache_root(opts["timingCacheDir"] or None)
+        cache_root = cache.timing_cache_root(opts.timing_cache_dir or None)
         cache_path = cache.timing_cache_path(cache_root, gpu_class, trt_version) if cache_root else None
         settings = engine.BuildSettings(
-            workspace_bytes=int(opts["workspaceMiB"]) << 20,
-            optimization_level=int(opts["optLevel"]),
-            hardware_compatibility=opts["hardwareCompatibility"],
-            version_compatible=opts["versionCompatible"] == "true",
+            workspace_bytes=opts.workspace_mi_b << 20,
+            optimization_level=int(opts.opt_level),
+            hardware_compatibility=opts.hardware_compatibility,
+            version_compatible=opts.version_compatible,
         )
         plan_bytes = engine.build_plan(checked.prepared.path, derived, settings, cache_path)
         model_path = request.out_dir / "model.plan"
@@ -186,20 +136,14 @@ class TensorRTBackend(Backend):
             **checked.prepared.record,
             "profiles": profiles.describe(derived),
             "maxBatchSize": str(profiles.triton_max_batch(derived, batched)),
-            "workspaceMiB": opts["workspaceMiB"],
-            "optLevel": opts["optLevel"],
-            "hardwareCompatibility": opts["hardwareCompatibility"],
-            "versionCompatible": opts["versionCompatible"],
-            "cudaGraphs": opts["cudaGraphs"],
+            **{k: v for k, v in opts.record().items() if k in _RECORDED},
             "timingCache": cache.timing_cache_relpath(gpu_class, trt_version) if cache_path else "none",
             "planTensorrtVersion": header.version,
             "gpuClass": gpu_class,
         }
         return CompiledArtifact(
+            backend=self.name,
             model_path=model_path,
-            serving_format="tensorrt",
-            triton_platform="tensorrt_plan",
-            model_filename="model.plan",
             options=record,
             toolchain={"tensorrt": trt_version, **_toolchain()},
         )

@@ -21,14 +21,18 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from kompile.api.status import Thresholds, ValidationResult
+from kompile.api.vocabulary import TaskKind
 from kompile.compile_jobs.backends.base import BackendError, Feeds
+
+if TYPE_CHECKING:
+    from kompile.compile_jobs.run_results import RunResults
 
 Array = np.ndarray[Any, Any]
 
@@ -270,14 +274,16 @@ class CpuGraphRunner:
 
 def check_on_cpu(
     prepared: PreparedGraph,
-    reference: Sequence[Sequence[Array]],
-    feeds: Sequence[Feeds],
+    reference: RunResults,
     thresholds: Thresholds,
+    task: TaskKind = "auto",
     threads: int | None = None,
 ) -> ValidationResult:
-    """The prepared graph's CPU outputs held to the source's, with the precision's thresholds."""
-    from kompile.compile_jobs import validate
+    """The prepared graph's CPU outputs on the reference inputs, held to the saved reference outputs
+    with the target's thresholds and task."""
+    from kompile.compile_jobs import run_results
 
     runner = CpuGraphRunner(prepared, threads)
-    candidate = [runner.run(f) for f in feeds]
-    return validate.compare(reference, candidate, runner.output_names, thresholds)
+    outputs = [runner.run(f) for f in reference.inputs]
+    label = f"tensorrt-{prepared.precision}-cpu-check"
+    return run_results.compare(reference, reference.with_outputs(label, outputs), thresholds, task)

@@ -12,9 +12,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kompile.api.catalog.tensorrt import DEFAULT_PROFILE_SPLIT
 from kompile.api.spec import InputSpec
 
-DEFAULT_SPLIT_RATIO = 16
+DEFAULT_SPLIT_RATIO = DEFAULT_PROFILE_SPLIT  # the catalog's default of option profileSplit
 
 Shape = tuple[int, ...]
 

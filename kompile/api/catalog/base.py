@@ -1,0 +1,197 @@
+"""What a catalog entry says about a compiler backend, and the typed options every backend shares.
+
+Options travel as a map of strings (`targets[].options`, what `kubectl` and YAML carry); each
+backend's options model parses that map into typed fields, so a typo or a bad value is refused by
+`kompile check`, the operator and (through CEL rules made from the same models) the API server,
+long before a compile Job would have refused it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+Device = Literal["cpu", "cuda"]
+SourceKind = Literal["onnx", "torch"]
+"""What a backend compiles: the ONNX export of the source, or the eager torch module itself."""
+
+
+def _flag(value: Any) -> Any:
+    # Only true/false: pydantic's lax bool would also take yes/on/1, which the CRD's rule refuses.
+    if isinstance(value, str) and value not in ("true", "false"):
+        raise ValueError("use true or false")
+    return value
+
+
+def _count(value: Any) -> Any:
+    if isinstance(value, str) and not value.isdigit():
+        raise ValueError("use a non-negative integer")
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+"""A boolean option: "true" or "false" on the wire."""
+Count = Annotated[int, BeforeValidator(_count), Field(ge=0)]
+"""A non-negative integer option, digits on the wire."""
+
+
+class OptionsError(ValueError):
+    """Options a backend does not accept; the message names each bad key and what is accepted."""
+
+
+class BackendOptions(BaseModel):
+    """Options every backend accepts. Subclasses add their own fields; values arrive as strings."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        # The wire carries strings ("true", "4096"): lax parsing turns them into typed values.
+        strict=False,
+    )
+    case_sensitive: ClassVar[frozenset[str]] = frozenset()
+    """Wire names of free-text options whose case matters (paths, op type names)."""
+
+    device: Device | None = Field(
+        default=None,
+        description="cpu or cuda: the device the artifact is built for; default: the hardware class's.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalize(cls, data: Any) -> Any:
+        # Enumerated values are case-insensitive and trimmed, as they always were.
+        if not isinstance(data, Mapping):
+            return data
+        return {
+            k: v.strip() if k in cls.case_sensitive else v.strip().lower() if isinstance(v, str) else v
+            for k, v in data.items()
+        }
+
+    def record(self) -> dict[str, str]:
+        """The options as the wire spells them (camelCase keys, string values), defaults included."""
+        out: dict[str, str] = {}
+        for name, value in self.model_dump(by_alias=True).items():
+            if value is None:
+                continue
+            out[name] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
+
+    @classmethod
+    def wire_names(cls) -> list[str]:
+        return [f.alias or n for n, f in cls.model_fields.items()]
+
+    @classmethod
+    def value_pattern(cls, wire_name: str) -> str | None:
+        """An RE2 pattern the string form of an option must match, for the API server's CEL rule;
+        None where any string goes."""
+        field = next(f for n, f in cls.model_fields.items() if (f.alias or n) == wire_name)
+        ann = field.annotation
+        args = [a for a in get_args(ann) if a is not type(None)] if get_origin(ann) is not Literal else [ann]
+        ann = args[0] if len(args) == 1 else ann
+        if get_origin(ann) is Literal:
+            return "^(?i)(" + "|".join(str(v) for v in get_args(ann)) + ")$"
+        if ann is bool:
+            return "^(?i)(true|false)$"
+        if ann is int:
+            return "^[0-9]+$"
+        if ann is float:
+            return "^[0-9]+([.][0-9]*)?([eE][-+]?[0-9]+)?$"
+        return None
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How Triton (through KServe's kserve-tritonserver runtime) serves a backend's artifact."""
+
+    kserve_format: str
+    """KServe `modelFormat.name` of the InferenceService."""
+    triton_platform: str
+    """`platform` (or `backend`, see triton_backend) of the model's config.pbtxt."""
+    files: tuple[str, ...]
+    """File names inside the Triton version folder (`<model>/1/`), the model file first."""
+    triton_backend: str | None = None
+    """`backend` line of config.pbtxt where Triton needs one beside the platform."""
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One compiler backend, as the rest of kompile sees it. The compile Job's class for it lives in
+    `kompile/compile_jobs/backends/<name>.py` and takes its name, devices and precisions from here."""
+
+    name: str
+    summary: str
+    """One line for the reference docs."""
+    devices: tuple[Device, ...]
+    """Devices it builds for; the first is its own when neither the class nor options say."""
+    precisions: frozenset[str]
+    consumes: SourceKind
+    options: type[BackendOptions]
+    extra: str
+    """pip extra that installs what it needs: pip install 'kompile[<extra>]'."""
+    version_from: tuple[str, ...]
+    """Python distributions whose versions shape its artifacts (the compiler first): they key the
+    compile cache, so an upgrade compiles afresh."""
+    serving: Serving | None
+    """None: kompile cannot roll this backend's artifacts out."""
+    auto_on: tuple[Device, ...] = ()
+    """Devices whose `backend: auto` targets offer it as a candidate."""
+    auto_rank: int = 100
+    """Order among a device's auto candidates (lower first); only breaks ties in the selection."""
+    stand_in: bool = False
+    """A stand-in for tests and dry runs, never offered by auto and never served."""
+
+    @property
+    def gpu_only(self) -> bool:
+        return self.devices == ("cuda",)
+
+    def version_string(self, versions: Mapping[str, str]) -> str:
+        """Its version for the cache key and lineage: the compiler's, then `+dist=version` for each
+        other distribution that shapes the artifact; `unknown` where a version is not known."""
+        first, *rest = self.version_from
+        return versions.get(first, "unknown") + "".join(f"+{d}={versions.get(d, 'unknown')}" for d in rest)
+
+    def parse_options(self, raw: Mapping[str, str] | None) -> BackendOptions:
+        """The target's options map parsed into this backend's typed options.
+
+        Raises OptionsError naming each unknown key or bad value and what is accepted.
+        """
+        try:
+            opts = self.options.model_validate(dict(raw or {}))
+        except ValidationError as err:
+            raise OptionsError(self._explain(err, raw or {})) from None
+        if opts.device is not None and opts.device not in self.devices:
+            raise OptionsError(f"option device={opts.device!r}: {self.name} builds for {list(self.devices)}")
+        return opts
+
+    def _explain(self, err: ValidationError, raw: Mapping[str, str]) -> str:
+        problems: list[str] = []
+        unknown = sorted(str(e["loc"][0]) for e in err.errors() if e["type"] == "extra_forbidden")
+        if unknown:
+            problems.append(
+                f"unknown {self.name} option(s) {unknown}; accepted: {sorted(self.options.wire_names())}"
+            )
+        for e in err.errors():
+            if e["type"] == "extra_forbidden" or not e["loc"]:
+                if e["type"] != "extra_forbidden":
+                    problems.append(str(e["msg"]))
+                continue
+            key = str(e["loc"][0])
+            problems.append(f"option {key}={raw.get(key)!r}: {_accepted(self.options, key)}")
+        return "; ".join(problems)
+
+
+def _accepted(model: type[BackendOptions], wire_name: str) -> str:
+    pattern = model.value_pattern(wire_name)
+    if pattern and pattern.startswith("^(?i)("):
+        return f"use one of {pattern.removeprefix('^(?i)(').removesuffix(')$').split('|')}"
+    if pattern == "^[0-9]+$":
+        return "use a non-negative integer"
+    if pattern and pattern.startswith("^[0-9]+(["):
+        return "use a non-negative number"
+    return "not a valid value"

@@ -1,0 +1,327 @@
+"""The build stage, one target (or candidate) at a time: plan its candidates, then for each one
+compile it, run it on the reference inputs, compare its outputs with the saved reference outputs,
+and package it in the Triton layout. Each step is a function named for what it does; a failure is
+recorded in the candidate's status and never stops the others."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kompile.api.candidates import candidate_targets, is_multi
+from kompile.api.catalog import OptionsError, entry
+from kompile.api.resource import CompiledModel
+from kompile.api.spec import InputSpec, Target, Validation
+from kompile.api.status import Artifact, TargetStatus, Thresholds
+from kompile.compile_jobs import export, sources, triton, validate
+from kompile.compile_jobs.backends.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    CompiledArtifact,
+    CompileRequest,
+    Feeds,
+    Runner,
+    get_backend,
+)
+from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
+from kompile.compile_jobs.hardware import local_cuda_class
+from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
+
+# Runtimes raise these when an artifact cannot run on the reference inputs.
+RUN_ERRORS = (RuntimeError, ValueError)
+# Reasons an auto target drops a backend silently: auto only offers what can build the target.
+_SILENT_FOR_AUTO = ("UnsupportedPrecision", "UnsupportedDevice")
+
+
+class StageReporter(Protocol):
+    def stage(self, target: str | None, message: str) -> None: ...
+
+
+@dataclass
+class BuildContext:
+    """What every build of a run shares: the source, its export and the saved reference outputs."""
+
+    cm: CompiledModel
+    onnx_path: Path | None
+    reference: RunResults
+    reference_file: Path
+    threads: int
+    loaded: sources.LoadedSource
+    work_dir: Path
+    artifact_root: Path
+    hardware_class: str
+    reporter: StageReporter
+
+
+def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget:
+    """Build the target, or each of its candidates; the winner is picked after the benchmark."""
+    ts = _pending(target, ctx.hardware_class)
+    planned = PlannedTarget(target=target, status=ts, multi=is_multi(target))
+    if not planned.multi:
+        skip = skip_reason(target, device)
+        if skip:
+            ts.phase, ts.reason, ts.message = "Skipped", skip[0], skip[1]
+        elif built := build_target(ctx, target, ts, target.name, device):
+            planned.built.append(built)
+        return planned
+    auto = not target.candidates
+    for cand in candidate_targets(target, device):
+        cs = _pending(cand, ctx.hardware_class)
+        skip = skip_reason(cand, device)
+        if skip and auto and skip[0] in _SILENT_FOR_AUTO:
+            continue
+        if skip:
+            cs.phase, cs.reason, cs.message = "Skipped", skip[0], skip[1]
+        elif built := build_target(ctx, cand, cs, target.name, device, f"{target.name}/{cand.name}"):
+            planned.built.append(built)
+        planned.candidates.append(cs)
+    if not planned.candidates:
+        ts.phase, ts.reason = "Skipped", "UnsupportedPrecision"
+        ts.message = f"no backend for {device} can build precision {target.precision}"
+    return planned
+
+
+def _pending(target: Target, hardware_class: str) -> TargetStatus:
+    return TargetStatus(
+        name=target.name,
+        backend=target.backend,
+        precision=target.precision,
+        phase="Pending",
+        hardware_class=hardware_class,
+    )
+
+
+def skip_reason(target: Target, device: str) -> tuple[str, str] | None:
+    """Why this machine cannot build `target` for `device`, or None. Precision and device come
+    first: `auto` drops a backend that cannot build them without reporting it."""
+    e = entry(target.backend)
+    if target.precision not in e.precisions:
+        return "UnsupportedPrecision", (
+            f"backend {target.backend} supports {sorted(e.precisions)}, not {target.precision}"
+        )
+    if device not in e.devices:
+        return "UnsupportedDevice", f"backend {target.backend} does not build for {device}"
+    try:
+        backend = get_backend(target.backend)
+    except BackendUnavailable as err:
+        return "BackendUnavailable", str(err)
+    reason = backend.unavailable_reason()
+    if reason:
+        return "BackendUnavailable", reason
+    if device == "cuda" and local_cuda_class() is None:
+        return "NoMatchingHardware", "needs an NVIDIA GPU; this machine has none"
+    return None
+
+
+def build_target(
+    ctx: BuildContext, target: Target, ts: TargetStatus, repo_name: str, device: str, label: str = ""
+) -> BuiltTarget | None:
+    """Compile one target (or candidate), run it on the reference inputs, compare and package it.
+    `repo_name` names the artifact's folder: a candidate's artifact is its target's if it wins."""
+    label = label or target.name
+    backend = get_backend(target.backend)
+    compiled = compile_step(ctx, backend, target, ts, device, label)
+    if compiled is None:
+        return None
+    artifact, runner = compiled
+    started = time.perf_counter()
+    ctx.reporter.stage(label, "validating against the source model")
+    outputs = run_step(ctx, runner, target, ts)
+    if outputs is None:
+        return None
+    compare_step(ctx, target, ts, outputs)
+    ts.validation_seconds = round(time.perf_counter() - started, 3)
+    repo_root = package_step(ctx, target, ts, artifact, outputs, repo_name, device)
+    digest = ts.artifact.digest if ts.artifact else ""
+    params = {
+        "backend": target.backend,
+        "backend_version": backend.version(),
+        "precision": target.precision,
+        "hardware_class": ts.hardware_class or "",
+        **{f"option.{k}": v for k, v in artifact.options.items()},
+    }
+    ctx.reporter.stage(label, f"packaged {digest[:19]}")
+    return BuiltTarget(target, ts, artifact, runner, repo_root, params)
+
+
+def _fail(ts: TargetStatus, reason: str, err: BaseException, limit: int = 600) -> None:
+    text = str(err).strip() or type(err).__name__
+    ts.phase, ts.reason = "Failed", reason
+    ts.message = text if len(text) <= limit else "..." + text[-limit:]
+
+
+def compile_step(
+    ctx: BuildContext, backend: Backend, target: Target, ts: TargetStatus, device: str, label: str
+) -> tuple[CompiledArtifact, Runner] | None:
+    """The backend builds the artifact and loads exactly what it built; CompileFailed otherwise."""
+    cm = ctx.cm
+    out_dir = ctx.work_dir / "build" / label
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx.reporter.stage(label, f"compiling with {target.backend} {backend.version()} at {target.precision}")
+    started = time.perf_counter()
+    try:
+        request = compile_request(
+            target,
+            out_dir=out_dir,
+            signature=cm.spec.inputs,
+            reference=ctx.reference,
+            onnx_path=ctx.onnx_path,
+            module=ctx.loaded.module,
+            threads=ctx.threads,
+            device=device,
+            validation=cm.spec.validation,
+        )
+        artifact = backend.compile(request)
+        runner = backend.load(artifact, ctx.threads, device)
+    except (BackendError, OptionsError) as err:
+        _fail(ts, "CompileFailed", err)
+        return None
+    ts.compile_seconds = round(time.perf_counter() - started, 3)
+    return artifact, runner
+
+
+def thresholds_of(cm: CompiledModel, target: Target) -> Thresholds:
+    """The target's thresholds: precision defaults, then spec.validation's, then the target's."""
+    return validate.resolve_thresholds(target.precision, cm.spec.validation.tolerances, target.tolerances)
+
+
+def compile_request(
+    target: Target,
+    *,
+    out_dir: Path,
+    signature: Sequence[InputSpec],
+    reference: RunResults | None = None,
+    feeds: Sequence[Feeds] | None = None,
+    onnx_path: Path | None = None,
+    module: Any = None,
+    threads: int | None = None,
+    device: str = "cpu",
+    validation: Validation | None = None,
+) -> CompileRequest:
+    """A backend's request for `target`: its options parsed by its catalog entry (OptionsError when
+    bad), its thresholds and task from `validation` and the target, and the reference outputs: the
+    run's saved ones, or (for backend tests and benchmarks) computed here on `feeds` from the
+    module, else from the ONNX graph on ONNX Runtime without optimization."""
+    validation = validation or Validation()
+    if reference is None:
+        reference = reference_results(list(feeds or []), signature, module, onnx_path, threads)
+    return CompileRequest(
+        onnx_path=onnx_path,
+        out_dir=out_dir,
+        target=target,
+        signature=signature,
+        reference=reference,
+        options=entry(target.backend).parse_options(target.options),
+        thresholds=validate.resolve_thresholds(target.precision, validation.tolerances, target.tolerances),
+        task=validation.task,
+        threads=threads,
+        module=module,
+        device=device,
+    )
+
+
+def reference_results(
+    feeds: list[Feeds],
+    signature: Sequence[InputSpec],
+    module: Any,
+    onnx_path: Path | None,
+    threads: int | None = None,
+    label: str = "source",
+    runner: Runner | None = None,
+) -> RunResults:
+    """The source model's outputs on `feeds`: eager when the module is at hand, else the ONNX graph
+    on ONNX Runtime with every optimization off (`runner`, when the caller already has one)."""
+    if not feeds:
+        return RunResults(f"source:{label}", [], [], [])
+    if module is not None:
+        outputs = [list(o) for o in export.eager_outputs(module, feeds, signature)]
+        names = export.names_for_outputs(len(outputs[0])) if outputs else []
+        if onnx_path is not None:
+            names = [o.name for o in triton.onnx_io(onnx_path)[1]]
+        return RunResults(f"eager:{label}", names, outputs, feeds)
+    if runner is None:
+        if onnx_path is None:
+            raise ValueError("reference outputs need the source module or its ONNX graph")
+        from kompile.compile_jobs.reference import OnnxReferenceRunner
+
+        runner = OnnxReferenceRunner(onnx_path, threads or 1)
+    return RunResults(f"onnx:{label}", list(runner.output_names), [runner.run(f) for f in feeds], feeds)
+
+
+def run_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatus) -> RunResults | None:
+    """The artifact's outputs on the saved reference inputs; RuntimeFailed when it cannot run."""
+    try:
+        outputs = [runner.run(f) for f in ctx.reference.inputs]
+    except RUN_ERRORS as err:
+        _fail(ts, "RuntimeFailed", err)
+        return None
+    return ctx.reference.with_outputs(f"{target.backend}-{target.precision}", outputs)
+
+
+def compare_step(ctx: BuildContext, target: Target, ts: TargetStatus, outputs: RunResults) -> None:
+    """Hold the outputs to the saved reference with the target's thresholds: the verdict."""
+    from kompile.compile_jobs import run_results
+
+    ts.validation = run_results.compare(
+        ctx.reference, outputs, thresholds_of(ctx.cm, target), ctx.cm.spec.validation.task
+    )
+    if ts.validation.passed:
+        ts.phase, ts.reason, ts.message = "Succeeded", "Validated", None
+    else:
+        ts.phase, ts.reason = "Failed", "ValidationFailed"
+        ts.message = "; ".join(ts.validation.failures)
+
+
+def package_step(
+    ctx: BuildContext,
+    target: Target,
+    ts: TargetStatus,
+    artifact: CompiledArtifact,
+    outputs: RunResults,
+    repo_name: str,
+    device: str,
+) -> Path:
+    """The Triton model repository (`<root>/<model>/config.pbtxt`, `<root>/<model>/1/<files>`), with
+    the saved reference and the artifact's own outputs beside it; the artifact's digest in status."""
+    cm, name = ctx.cm, ctx.cm.metadata.name
+    files = artifact.files()
+    digest = sources.sha256_files([path for path, _ in files])
+    repo_root = ctx.artifact_root / name / f"{repo_name}-{digest.split(':')[1][:12]}"
+    serving = artifact.serving
+    config = None
+    if serving is not None:
+        if ctx.onnx_path is not None:
+            in_specs, out_specs = triton.onnx_io(ctx.onnx_path)
+        else:
+            in_specs, out_specs = export.torch_io(ctx.loaded.module, cm.spec.inputs, outputs.output_names)
+        if serving.triton_platform == triton.AOTI_PLATFORM:
+            in_specs, out_specs = triton.aoti_io(in_specs, out_specs, target.precision)
+        config = triton.config_pbtxt(
+            name,
+            serving.triton_platform,
+            in_specs,
+            out_specs,
+            _max_batch(cm),
+            "KIND_GPU" if device == "cuda" else "KIND_CPU",
+            backend=serving.triton_backend,
+            cuda_graphs=artifact.options.get("cudaGraphs") == "true",
+        )
+    triton.write_model_repository(repo_root, name, files, config)
+    shutil.copyfile(ctx.reference_file, repo_root / REFERENCE_FILE)
+    outputs.save(repo_root / OUTPUTS_FILE, with_inputs=False)
+    size = sum(path.stat().st_size for path, _ in files)
+    ts.artifact = Artifact(uri=repo_root.resolve().as_uri(), digest=digest, size_bytes=size)
+    return repo_root
+
+
+def _max_batch(cm: CompiledModel) -> int:
+    first = cm.spec.inputs[0]
+    for d in first.dynamic_dims or []:
+        if d.axis == 0:
+            return d.max
+    return 0

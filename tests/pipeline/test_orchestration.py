@@ -1,0 +1,184 @@
+"""The orchestration around compilers (candidates, selection, failure isolation, skips, saved run
+results, registration), tested with the null backend: a STAND-IN compiler that copies the source
+and runs it eagerly, told by its options to fail, to add noise or to be slow. Seconds, not minutes:
+no real compiler runs here (tests/pipeline/test_*_backend.py hold the real ones)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from kompile.api.job_contract import RESULT_FILE, JobResult
+from kompile.cli import app
+from tests.pipeline.conftest import small_cnn_doc
+
+FAST = {"name": "fast", "backend": "null"}
+SLOW = {"name": "slow", "backend": "null", "options": {"latencyMs": "5"}}
+BROKEN = {"name": "broken", "backend": "null", "options": {"failCompile": "true"}}
+NOISY = {"name": "noisy", "backend": "null", "options": {"perturb": "0.5"}}
+
+
+def _by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {i["name"]: i for i in items}
+
+
+def test_fastest_validated_candidate_wins_and_every_candidate_is_recorded(
+    kompile_run, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc(
+        targets=[{"name": "cpu", "candidates": [SLOW, FAST, BROKEN, NOISY]}],
+        benchmark={"batchSizes": [1, 4], "warmup": 1, "iterations": 5},
+    )
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    cands = _by_name(t["candidates"])
+    assert list(cands) == ["slow", "fast", "broken", "noisy"]
+    assert cands["broken"]["phase"] == "Failed" and cands["broken"]["reason"] == "CompileFailed"
+    assert "failCompile" in cands["broken"]["message"]
+    assert cands["noisy"]["phase"] == "Failed" and cands["noisy"]["reason"] == "ValidationFailed"
+    assert not cands["noisy"]["latency"]  # only validated candidates are timed
+    assert [n for n, c in cands.items() if c["selected"]] == ["fast"]
+    assert cands["slow"]["phase"] == "Succeeded" and cands["slow"]["latency"][0]["p50Ms"] >= 5
+    # The target carries the winner's build and figures.
+    assert t["phase"] == "Succeeded" and t["backend"] == "null"
+    assert t["latency"][0]["p50Ms"] == cands["fast"]["latency"][0]["p50Ms"]
+    assert t["artifact"]["digest"] == cands["fast"]["artifactDigest"]
+    sel = t["selection"]
+    assert sel["policy"] == "minLatency" and sel["winner"] == "fast" and sel["batchSize"] == 1
+    # result.json (the Job contract's model) keeps all candidates; the saved run results sit beside it.
+    repo = Path(t["artifact"]["uri"].removeprefix("file://"))
+    result = JobResult.loads((repo / RESULT_FILE).read_text())
+    assert [c.name for c in result.target.candidates] == list(cands)
+    assert result.saved_results == {"reference": "reference.npz", "outputs": "outputs.npz"}
+    assert (repo / "reference.npz").is_file() and (repo / "outputs.npz").is_file()
+    assert not (repo / "small" / "config.pbtxt").exists()  # null is never served: no Triton config
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=res.status["registry"]["trackingUri"])
+    (version,) = client.search_model_versions("name='small'")
+    run = client.get_run(version.run_id)
+    children = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{version.run_id}'"
+    )
+    tags = {r.data.tags["kompile.candidate"]: r.data.tags for r in children}
+    assert set(tags) == set(cands)
+    assert tags["fast"]["kompile.selected"] == "true" and tags["broken"]["kompile.phase"] == "Failed"
+
+
+def test_max_throughput_under_a_budget_and_when_nothing_meets_it(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    targets = [
+        {
+            "name": "roomy",
+            "candidates": [FAST, SLOW],
+            "selection": {"policy": "maxThroughput", "latencyBudgetMs": 10000},
+        },
+        {
+            "name": "tight",
+            "candidates": [FAST, SLOW],
+            "selection": {"policy": "maxThroughput", "latencyBudgetMs": 1e-6},
+        },
+    ]
+    doc = small_cnn_doc(targets=targets, benchmark={"batchSizes": [1, 8], "warmup": 1, "iterations": 3})
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    roomy, tight = (t for t in res.status["targets"])
+    best = max(
+        ((c["name"], lat) for c in roomy["candidates"] for lat in c["latency"]),
+        key=lambda nl: nl[1]["throughput"],
+    )
+    assert roomy["selection"]["winner"] == best[0] == "fast"
+    assert roomy["selection"]["batchSize"] == best[1]["batchSize"]
+    assert tight["selection"]["winner"] in ("fast", "slow")
+    assert tight["selection"]["message"].startswith("no candidate kept p90 within")
+
+
+def test_no_validated_candidate_fails_the_target_and_nothing_ships(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    noisier = {"name": "noisier", "backend": "null", "options": {"perturb": "2"}}
+    res = kompile_run(
+        write_manifest(small_cnn_doc(targets=[{"name": "cpu", "candidates": [NOISY, noisier]}]))
+    )
+    assert res.code == 1
+    (t,) = res.status["targets"]
+    assert t["phase"] == "Failed" and t["reason"] == "NoCandidateValidated"
+    assert "noisy: ValidationFailed" in t["message"] and "noisier: ValidationFailed" in t["message"]
+    assert not any(c["selected"] for c in t["candidates"]) and "artifact" not in t
+    ready = next(c for c in res.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "NoCandidateValidated"
+
+
+def test_one_failing_target_does_not_stop_the_others(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    targets = [
+        {"name": "ok", "backend": "null"},
+        {"name": "bad", "backend": "null", "options": {"failCompile": "true"}},
+        {"name": "off", "backend": "null", "precision": "int8", "options": {"perturb": "0.5"}},
+        {"name": "gpu", "backend": "null", "options": {"device": "cuda"}},
+    ]
+    res = kompile_run(write_manifest(small_cnn_doc(targets=targets)))
+    assert res.code == 1
+    by = _by_name(res.status["targets"])
+    assert by["ok"]["phase"] == "Succeeded" and by["ok"]["registeredVersion"]
+    assert (by["bad"]["phase"], by["bad"]["reason"]) == ("Failed", "CompileFailed")
+    assert (by["off"]["phase"], by["off"]["reason"]) == ("Failed", "ValidationFailed")
+    # The int8 thresholds (cosine, top-k) judged it: noise of 0.5 passes no classifier gate.
+    assert by["off"]["validation"]["thresholds"]["minCosine"] == 0.99
+    assert (by["gpu"]["phase"], by["gpu"]["reason"]) == ("Skipped", "NoMatchingHardware")
+    assert res.status["targetsReady"] == "1/3"  # a skipped target is not counted
+
+
+def test_torch_only_backends_skip_the_onnx_export(tmp_path: Path, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    from kompile.api.resource import load_manifest
+    from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
+
+    lines: list[str] = []
+    opts = PipelineOptions(base_dir=tmp_path, work_dir=tmp_path / "w", artifact_root=tmp_path / "a")
+    path = write_manifest(small_cnn_doc(targets=[{"name": "cpu", "backend": "null"}]))
+    result = run_pipeline(load_manifest(path), opts, LogReporter(lines.append))
+    assert result.status.targets[0].phase == "Succeeded"
+    assert not any("to ONNX" in line for line in lines) and not (tmp_path / "w" / "export").exists()
+    assert (tmp_path / "w" / "reference.npz").is_file()  # computed once, then copied beside each artifact
+
+
+def _compare(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["compare", *args])
+    return res.exit_code, res.stderr
+
+
+def test_kompile_compare_holds_saved_results_to_each_other(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    targets = [
+        {"name": "good", "backend": "null"},
+        {"name": "noisy", "backend": "null", "options": {"perturb": "0.02"}},
+    ]
+    doc = small_cnn_doc(
+        targets=targets, validation={"samples": 3, "tolerances": {"maxAbsError": 10.0, "minCosine": 0.9}}
+    )
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    repos = {t["name"]: Path(t["artifact"]["uri"].removeprefix("file://")) for t in res.status["targets"]}
+    good, noisy = repos["good"], repos["noisy"]
+    # An artifact against the source's saved outputs: what the run decided, reproduced offline.
+    code, err = _compare(str(good / "reference.npz"), str(good))
+    assert code == 0 and "passed" in err and "eager:" in err and "3 samples" in err, err
+    # Two artifacts against each other, with the fp32 defaults: the noisy one misses them.
+    code, err = _compare(str(good), str(noisy))
+    assert code == 1 and "failed:" in err and "max abs error" in err, err
+    code, err = _compare(str(good), str(noisy), "--max-abs-error", "10", "--min-cosine", "0.9")
+    assert code == 0, err
+    # Results of other inputs cannot be compared; a file that is not saved results says so.
+    other = write_manifest(
+        small_cnn_doc(targets=[targets[0]], validation={"samples": 3, "seed": 7}), "other.yaml"
+    )
+    res2 = kompile_run(other, "--no-register", "--work-dir", str(good.parent.parent.parent / "other"))
+    other_repo = Path(res2.status["targets"][0]["artifact"]["uri"].removeprefix("file://"))
+    code, err = _compare(str(good), str(other_repo))
+    assert code == 2 and "ran on different inputs" in err, err
+    junk = good.parent / "junk.npz"
+    junk.write_bytes(b"not an npz")
+    code, err = _compare(str(junk), str(good))
+    assert code == 2 and "not kompile run results" in err and "Traceback" not in err, err
+    result = json.loads((good / RESULT_FILE).read_text())
+    assert result["savedResults"]["outputs"] == "outputs.npz"

@@ -1,0 +1,163 @@
+"""The backend catalog (kompile.api.catalog) is the one place that says what a backend is: every
+backend module has its entry and every entry its module, the versions that key the cache are the
+pinned ones, and the places that used to restate backend facts now derive them."""
+
+from __future__ import annotations
+
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+from kompile.api.catalog import (
+    CATALOG,
+    BackendOptions,
+    OptionsError,
+    auto_backends,
+    check_options,
+    entry,
+    options_for,
+)
+from kompile.api.toolchain import IMAGE_PROVIDED, PINNED
+from kompile.compile_jobs import backends as backend_pkg
+from kompile.compile_jobs.backends.base import Backend, get_backend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _backend_modules() -> set[str]:
+    return {m.name for m in pkgutil.iter_modules(backend_pkg.__path__)} - {"base"}
+
+
+def test_every_backend_module_has_an_entry_and_every_entry_a_module() -> None:
+    assert _backend_modules() == set(CATALOG), "a backend is one module plus one catalog entry"
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_backend_class_reads_what_it_is_from_its_entry(name: str) -> None:
+    backend = get_backend(name)
+    e = CATALOG[name]
+    assert isinstance(backend, Backend) and backend.name == name and backend.entry is e
+    assert backend.precisions == e.precisions
+    assert all(backend.supports_device(d) for d in e.devices)
+    assert not backend.supports_device("tpu")
+    # Nothing restated on the class: name is its only own attribute of what it is.
+    own = {k for k in vars(type(backend)) if not k.startswith("_") and not callable(getattr(backend, k))}
+    assert own <= {"name"}, own
+    assert issubclass(e.options, BackendOptions)
+    assert e.devices and set(e.auto_on) <= set(e.devices)
+    assert e.extra in _pyproject_extras(), f"pip extra {e.extra!r} of {name} is not in pyproject.toml"
+    if e.serving is not None:
+        assert e.serving.files and all("." in f for f in e.serving.files)
+
+
+def _pyproject_extras() -> set[str]:
+    import tomllib
+
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return set(doc["project"]["optional-dependencies"])
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_options_defaults_round_trip_through_the_wire_form(name: str) -> None:
+    e = CATALOG[name]
+    defaults = e.parse_options({})
+    assert e.parse_options(defaults.record()) == defaults
+    assert set(defaults.record()) <= set(e.options.wire_names())
+    with pytest.raises(OptionsError, match=rf"unknown {name} option\(s\) \['noSuchOption'\]"):
+        e.parse_options({"noSuchOption": "1"})
+
+
+def _pin(dist: str) -> str | None:
+    for path in ("requirements/lock.txt", "requirements/modelopt.txt"):
+        for line in (ROOT / path).read_text().splitlines():
+            if line.lower().startswith(f"{dist.lower()}=="):
+                return line.split("==", 1)[1].split(";")[0].strip()
+    return None
+
+
+def test_cache_key_versions_are_the_lock_files_pins() -> None:
+    dists = {d for e in CATALOG.values() for d in e.version_from} - IMAGE_PROVIDED
+    assert set(PINNED) == dists
+    for dist in dists:
+        assert PINNED[dist] == _pin(dist), (
+            f"kompile/api/toolchain.py PINNED[{dist!r}] drifted from the lock files"
+        )
+
+
+@pytest.mark.parametrize("name", ["onnxruntime", "inductor", "null"])
+def test_installed_backend_version_is_the_one_the_operator_keys_with(name: str) -> None:
+    from kompile.operator.settings import Settings
+
+    assert get_backend(name).version() == Settings().backend_versions[name]
+
+
+def test_tensorrt_version_comes_from_the_gpu_image_setting() -> None:
+    from kompile.operator.settings import Settings
+
+    versions = Settings.from_env({"KOMPILE_GPU_TENSORRT_VERSION": "10.13.3.9"}).backend_versions
+    assert versions["tensorrt"] == f"10.13.3.9+nvidia-modelopt={PINNED['nvidia-modelopt']}"
+    assert Settings.from_env({}).backend_versions["tensorrt"].startswith("unknown+")
+    assert (
+        Settings.from_env({"KOMPILE_BACKEND_VERSIONS": "inductor=9.9"}).backend_versions["inductor"] == "9.9"
+    )
+
+
+def test_auto_offers_the_same_candidates_as_before() -> None:
+    assert auto_backends("cpu") == ("onnxruntime", "inductor")
+    assert auto_backends("cuda") == ("tensorrt", "inductor")
+    assert "null" not in auto_backends("cpu") + auto_backends("cuda")
+
+
+def test_onnxruntime_model_types_are_the_optimizers() -> None:
+    from typing import get_args
+
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    from kompile.api.catalog.onnxruntime import OrtModelType
+
+    assert set(get_args(OrtModelType)) == {"auto", "none", *MODEL_TYPES}
+
+
+def test_auto_options_go_to_the_candidates_that_know_them() -> None:
+    check_options("auto", {"intraOpThreads": "2", "optLevel": "all", "device": "cpu"})  # no tensorrt on cpu
+    assert options_for("inductor", {"intraOpThreads": "2", "optLevel": "all"}) == {"intraOpThreads": "2"}
+    with pytest.raises(OptionsError, match="candidate tensorrt gets these options too"):
+        check_options("auto", {"optLevel": "all"})  # a cuda class would hand it to tensorrt
+    with pytest.raises(OptionsError, match=r"unknown option\(s\) \['bogus'\] for backend auto"):
+        check_options("auto", {"bogus": "1"})
+    with pytest.raises(OptionsError, match="device='tpu'"):
+        check_options("auto", {"device": "tpu"})
+    with pytest.raises(OptionsError, match=r"onnxruntime builds for \['cpu'\]"):
+        check_options("onnxruntime", {"device": "cuda"})
+    with pytest.raises(ValueError, match="unknown backend 'tvm'"):
+        entry("tvm")
+
+
+def test_rollout_and_pipeline_derive_serving_facts_from_the_catalog() -> None:
+    from kompile.operator import rollout
+
+    served = {n: e.serving for n, e in CATALOG.items() if e.serving}
+    assert {n: s.kserve_format for n, s in served.items()} == rollout.MODEL_FORMATS
+    for s in served.values():
+        for f in s.files:
+            assert rollout.storage_uri(f"s3://b/root/m/1/{f}") == "s3://b/root"
+    assert "null" not in rollout.MODEL_FORMATS
+
+
+def test_the_crd_refuses_unknown_option_keys_per_backend() -> None:
+    from kompile.api.crd import build_crd
+
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    target = schema["properties"]["spec"]["properties"]["targets"]["items"]
+    rules = [r["rule"] for r in target["x-kubernetes-validations"] if "self.options.all" in r["rule"]]
+    (rule,) = rules
+    for name, e in CATALOG.items():
+        assert f"self.backend == '{name}'" in rule
+        assert all(f"'{k}'" in rule for k in e.options.wire_names())
+    assert re.search(r"self\.backend == 'auto' \? \[[^\]]*'optLevel'", rule)
+    assert target["properties"]["options"]["maxProperties"] == 32
+    candidate = target["properties"]["candidates"]["items"]
+    assert any("self.options.all" in r["rule"] for r in candidate["x-kubernetes-validations"])
+    assert target["properties"]["backend"]["enum"] == ["auto", *CATALOG]
