@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kompile.api import parse_manifest
 from kompile.api.cache import cache_key
 from kompile.api.candidates import backends_of
-from kompile.api.job_contract import TERMINATION_LIMIT, compact_result, parse_compact
+from kompile.api.job_contract import (
+    TERMINATION_LIMIT,
+    ExitCode,
+    JobContractError,
+    JobEnv,
+    JobResult,
+    JobSpec,
+    compact_result,
+    parse_compact,
+)
 from kompile.api.status import LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import build_job, job_name
@@ -270,3 +281,36 @@ def test_tensorrt_targets_are_refused_when_the_compile_image_cannot_build_for_th
     no_trt = cm(targets=[{"name": "g", "backend": "inductor", "options": {"device": "cuda"}}])
     (rt,) = resolve_targets(no_trt.spec, discover(FLEET))
     assert _tensorrt_refusal(no_trt, rt, mismatched) is None
+
+
+def test_the_job_reads_what_the_operator_set_through_one_contract() -> None:
+    """kompile.api.job_contract: the Job's environment is written by the operator's builder and
+    read back by the Job's JobSpec.from_env; a missing variable is named."""
+
+    model = cm(targets=[{"name": "gpu", "backend": "tensorrt", "options": {"optLevel": "4"}}])
+    (rt,) = resolve_targets(model.spec, discover(FLEET))
+    job = build_job(model, rt, "k" * 40, "s3://b/root/cache/kkk", Settings(s3_endpoint="http://s3:9000"))
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    spec = JobSpec.from_env(env)
+    assert spec.target == rt.target and spec.device == "cuda" and spec.hardware_class == rt.hardware_class
+    assert spec.artifact_prefix == "s3://b/root/cache/kkk" and spec.s3_endpoint == "http://s3:9000"
+    assert spec.timing_cache_uri == "s3://b/root/timing-caches"
+    assert (
+        spec.compiled_model["metadata"]["uid"] == "u-1"
+        and spec.compiled_model["spec"] == model.spec.to_wire()
+    )
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["onExitCodes"]["values"] == [int(ExitCode.BAD_INPUT)]
+    del env[JobEnv.ARTIFACT_PREFIX]
+    with pytest.raises(JobContractError, match="KOMPILE_ARTIFACT_PREFIX is required"):
+        JobSpec.from_env(env)
+
+
+def test_result_json_is_one_model_for_both_sides() -> None:
+    doc = JobResult(target=_result(), source_digest="sha256:d", backend_version="1.31.1")
+    back = JobResult.loads(doc.dumps())
+    assert back == doc and back.target.validation == _result().validation
+    # Keys a newer Job adds are ignored rather than breaking an older operator.
+    assert JobResult.loads('{"target": ' + _result().model_dump_json(by_alias=True) + ', "later": 1}')
+    with pytest.raises(ValueError, match=r"not a kompile result\.json"):
+        JobResult.loads('{"targets": []}')
