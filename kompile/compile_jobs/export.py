@@ -218,11 +218,12 @@ def _export_program(
 
 def _check_onnx_source(src: Path, signature: Sequence[InputSpec], out_path: Path) -> tuple[Path, list[str]]:
     import onnx
+    from google.protobuf.message import DecodeError
 
     try:
         model = onnx.load(str(src))
         onnx.checker.check_model(model)
-    except (onnx.checker.ValidationError, OSError, ValueError) as err:  # DecodeError is a ValueError
+    except (onnx.checker.ValidationError, OSError, ValueError, DecodeError) as err:
         raise ExportError(f"{src}: not a valid ONNX model: {_first_line(err)}") from None
     graph_inputs = [
         i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}

@@ -168,7 +168,10 @@ def _export_if_consumed(
     consumers = {b for t in targets for b in backends_of(t, _device(t, opts)) if entry(b).consumes == "onnx"}
     if loaded.module is not None and not consumers:
         return None
-    reporter.stage(None, f"exporting {loaded.label} to ONNX")
+    if loaded.onnx_path is not None:
+        reporter.stage(None, f"reading the ONNX graph of {loaded.label}")
+    else:
+        reporter.stage(None, f"exporting {loaded.label} to ONNX")
     path, _ = export.export_onnx(loaded, cm.spec.inputs, feeds[0], opts.work_dir / "export" / "model.onnx")
     return path
 

@@ -17,6 +17,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kompile.api.spec import Source
+from kompile.compile_jobs import source_files
+from kompile.compile_jobs.source_files import SourceError as SourceError  # re-exported
 
 _SUFFIX_FORMATS = {
     ".pt2": "pt2",
@@ -25,10 +27,6 @@ _SUFFIX_FORMATS = {
     ".ts": "torchscript",
     ".onnx": "onnx",
 }
-
-
-class SourceError(ValueError):
-    """The source cannot be fetched or loaded; the message says what to change."""
 
 
 @dataclass
@@ -158,18 +156,24 @@ def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
 
 
 def _load_torch_file(path: Path, fmt: str) -> tuple[Any, Any]:
-    """(eager module, ExportedProgram or None)."""
+    """(eager module, ExportedProgram or None), after checking the file holds what `fmt` says."""
     import torch
 
+    source_files.check(path, fmt)
+    if fmt == "pt2":
+        source_files.check_pt2_schema(path)
     try:
-        if fmt == "pt2":
-            program = torch.export.load(str(path))
-            return program.module(), program
-        return torch.jit.load(str(path), map_location="cpu").eval(), None
-    except (RuntimeError, ValueError, OSError) as err:
-        kind = "torch.export archive (.pt2)" if fmt == "pt2" else "TorchScript file"
+        with source_files.quiet_torch_loading():
+            if fmt == "pt2":
+                program = torch.export.load(str(path))
+                return program.module(), program
+            return torch.jit.load(str(path), map_location="cpu").eval(), None
+    except (RuntimeError, ValueError, OSError, KeyError, AttributeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SourceError(f"{path}: not a loadable {kind}: {first}") from None
+        raise SourceError(
+            f"{path}: expected {source_files.EXPECTED[fmt]}, but it cannot be loaded (corrupt, or written "
+            f"by an incompatible torch?): {first}"
+        ) from None
 
 
 def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedSource:
@@ -216,6 +220,7 @@ def load_source(
         path = fetch(source.uri, cache_dir, base_dir, s3_endpoint)
         digest = sha256_file(path)
         if fmt == "onnx":
+            source_files.check_onnx(path)
             loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path)
         else:
             module, program = _load_torch_file(path, fmt)

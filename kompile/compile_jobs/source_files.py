@@ -1,0 +1,209 @@
+"""What a model file holds, told from its bytes before a loader sees it: a wrong, empty, truncated or
+mislabelled file becomes a SourceError that names the file, what kompile expected and what it found,
+with what to do about it, instead of a loader's traceback.
+
+Formats: ONNX (a protobuf ModelProto), a torch.export archive (.pt2: a zip with `archive_format`),
+TorchScript (a zip with `constants.pkl` and `code/`), and what torch.save writes (a zip with
+`data.pkl` only: a state_dict or a pickled object, neither of which carries loadable model code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import pickletools
+import warnings
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class SourceError(ValueError):
+    """The source cannot be fetched or loaded; the message says what to change."""
+
+
+EXPECTED = {
+    "onnx": "an ONNX model",
+    "pt2": "a torch.export archive (.pt2, written by torch.export.save)",
+    "torchscript": "TorchScript (written by torch.jit.save)",
+}
+FOUND = {
+    "onnx": "an ONNX model",
+    "pt2": "a torch.export archive (.pt2)",
+    "torchscript": "TorchScript",
+    "zip": "a zip archive that is no PyTorch format kompile knows",
+}
+_RENAME = {
+    "onnx": "name it .onnx or set spec.source.format: onnx",
+    "pt2": "name it .pt2 or set spec.source.format: pt2",
+    "torchscript": "name it .pt or set spec.source.format: torchscript",
+}
+EXPORT_HINT = (
+    "export the model instead: torch.export.save(torch.export.export(model, example_inputs), "
+    "'model.pt2'), or point spec.source.uri at python://your_module:factory, a function that builds "
+    "the model (and loads these weights)"
+)
+
+
+def _zip_members(path: Path) -> set[str] | None:
+    """Member names without the archive's top folder, or None when the file is no zip."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as z:
+        return {n.split("/", 1)[1] if "/" in n else n for n in z.namelist()}
+
+
+def sniff(path: Path) -> str:
+    """empty, pt2, torchscript, torch.save, zip, onnx, or unknown."""
+    if path.stat().st_size == 0:
+        return "empty"
+    members = _zip_members(path)
+    if members is not None:
+        if "archive_format" in members:
+            return "pt2"
+        if "constants.pkl" in members or any(m.startswith("code/") for m in members):
+            return "torchscript"
+        return "torch.save" if "data.pkl" in members else "zip"
+    with path.open("rb") as f:
+        head = f.read(1)
+    # An ONNX ModelProto starts with field 1 (ir_version, a varint): tag byte 0x08.
+    return "onnx" if head == b"\x08" else "unknown"
+
+
+def check(path: Path, fmt: str) -> None:
+    """Raise SourceError unless `path` holds what `fmt` (onnx, pt2, torchscript) expects."""
+    kind = sniff(path)
+    expected = EXPECTED[fmt]
+    if kind == "empty":
+        raise SourceError(f"{path}: is empty (0 bytes); expected {expected}")
+    if kind == fmt:
+        return
+    if kind == "torch.save":
+        raise SourceError(f"{path}: expected {expected}, found {_torch_save_content(path)}: {EXPORT_HINT}")
+    if kind in _RENAME:
+        raise SourceError(f"{path}: expected {expected}, but it holds {FOUND[kind]}: {_RENAME[kind]}")
+    if fmt == "onnx":
+        found = FOUND.get(kind, _bytes_found(path))
+        raise SourceError(f"{path}: expected {expected}, found {found}")
+    if kind == "zip":
+        raise SourceError(f"{path}: expected {expected}, found {FOUND['zip']}")
+    raise SourceError(f"{path}: expected {expected}, but it is not a zip archive: {_bytes_found(path)}")
+
+
+def _bytes_found(path: Path) -> str:
+    with path.open("rb") as f:
+        head = f.read(16)
+    return f"{path.stat().st_size} bytes of unrecognised data starting {head!r}"
+
+
+def _torch_save_content(path: Path) -> str:
+    """A state_dict (with its size) or a pickled object (with its class, read without unpickling)."""
+    import pickle
+
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, ValueError, OSError, EOFError, AttributeError, ImportError):
+        obj = None  # weights_only refuses code: a pickled module or other object
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return f"a state_dict ({len(obj)} tensors saved with torch.save): weights without the model's code"
+    cls = _first_class(path)
+    what = f" ({cls})" if cls else ""
+    return f"a pickled Python object{what} saved with torch.save, which kompile does not unpickle"
+
+
+def _first_class(path: Path) -> str | None:
+    """The first class a torch.save pickle names (its top object), read from the opcodes."""
+    with zipfile.ZipFile(path) as z:
+        name = next((n for n in z.namelist() if n.endswith("data.pkl")), None)
+        data = z.read(name) if name else b""
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL" and isinstance(arg, str):
+                return arg.replace(" ", ".")
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE") and isinstance(arg, str):
+                strings.append(arg)
+            if op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                return f"{strings[-2]}.{strings[-1]}"
+    except ValueError:
+        return None
+    return None
+
+
+# -- ONNX -------------------------------------------------------------------------------------------
+
+
+def check_onnx(path: Path) -> None:
+    """Parse the graph (without its weights' external data) and find every external data file."""
+    import onnx
+    from google.protobuf.message import DecodeError
+    from onnx.external_data_helper import uses_external_data
+
+    check(path, "onnx")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError) as err:
+        raise SourceError(
+            f"{path}: expected {EXPECTED['onnx']}, found {path.stat().st_size} bytes that cannot be "
+            f"parsed as one (truncated or corrupt?): {str(err).strip().splitlines()[0]}"
+        ) from None
+    missing = sorted(
+        {
+            entry.value
+            for tensor in model.graph.initializer
+            if uses_external_data(tensor)
+            for entry in tensor.external_data
+            if entry.key == "location" and not (path.parent / entry.value).is_file()
+        }
+    )
+    if missing:
+        raise SourceError(
+            f"{path}: its weights are in external data file(s) {missing} that are not beside it in "
+            f"{path.parent}: copy them next to the .onnx file (a model over 2 GB keeps its weights "
+            "outside the protobuf)"
+        )
+
+
+# -- torch.export archives --------------------------------------------------------------------------
+
+
+def check_pt2_schema(path: Path) -> None:
+    """A .pt2 whose export schema this torch cannot read names the torch that wrote it."""
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    with zipfile.ZipFile(path) as z:
+        name = next((n for n in z.namelist() if n.endswith(".json") and "/models/" in n), None)
+        try:
+            doc: dict[str, Any] = json.loads(z.read(name)) if name else {}
+        except ValueError:
+            return  # the loader reports what it finds
+    version = doc.get("schema_version") or {}
+    major = version.get("major")
+    if isinstance(major, int) and major != SCHEMA_VERSION[0]:
+        import torch
+
+        raise SourceError(
+            f"{path}: comes from torch {doc.get('torch_version', 'unknown')} (export schema "
+            f"{major}.{version.get('minor', 0)}); this torch {torch.__version__} reads schema "
+            f"{SCHEMA_VERSION[0]}.x: export it again with torch.export.save under torch "
+            f"{torch.__version__}, or run kompile with the torch that wrote it"
+        )
+
+
+@contextlib.contextmanager
+def quiet_torch_loading() -> Iterator[None]:
+    """torch's loaders print their own stack traces as warnings and log lines; kompile reports one
+    message instead."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)

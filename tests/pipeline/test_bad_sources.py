@@ -1,0 +1,192 @@
+"""A newcomer's own files, garbage included: every unreadable source ends in a clear message with
+exit code 2 that names the file, what kompile expected and what it found, with no traceback and
+nothing built or registered. The compile Job reports the same message in its result (exit code 2,
+so its podFailurePolicy fails it at once), which the operator shows as the target's condition."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.pipeline.conftest import small_cnn_doc, torchscript_onnx
+
+FEED = {"input": np.zeros((1, 3, 32, 32), np.float32)}
+
+
+def _model() -> Any:
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    return small_cnn().eval()
+
+
+def _onnx(path: Path) -> Path:
+    return torchscript_onnx(_model(), FEED, path, {}, "logits")
+
+
+def _pt2(path: Path) -> Path:
+    torch.export.save(torch.export.export(_model(), (torch.zeros(1, 3, 32, 32),)), str(path))
+    return path
+
+
+def _rewrite_zip(src: Path, dst: Path, edit: Callable[[str, bytes], bytes]) -> Path:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            zout.writestr(item, edit(item.filename, zin.read(item.filename)))
+    return dst
+
+
+def corrupt_onnx(d: Path) -> Path:
+    p = d / "corrupt.onnx"
+    p.write_bytes(b"\x08\x07garbage that is not a protobuf" * 10)
+    return p
+
+
+def truncated_onnx(d: Path) -> Path:
+    good = _onnx(d / "good.onnx").read_bytes()
+    p = d / "truncated.onnx"
+    p.write_bytes(good[: len(good) // 2])
+    return p
+
+
+def onnx_without_external_data(d: Path) -> Path:
+    import onnx
+
+    src = _onnx(d / "full.onnx")
+    model = onnx.load(str(src))
+    p = d / "split.onnx"
+    onnx.save_model(model, str(p), save_as_external_data=True, location="split.weights", size_threshold=0)
+    (d / "split.weights").unlink()
+    return p
+
+
+def pt2_not_an_archive(d: Path) -> Path:
+    p = d / "notzip.pt2"
+    p.write_bytes(b"this is not a zip archive" * 20)
+    return p
+
+
+def pt2_from_another_torch(d: Path) -> Path:
+    def edit(name: str, data: bytes) -> bytes:
+        if not name.endswith("models/model.json"):
+            return data
+        doc = json.loads(data)
+        doc["schema_version"] = {"major": 99, "minor": 0}
+        doc["torch_version"] = "9.9.0"
+        return json.dumps(doc).encode()
+
+    return _rewrite_zip(_pt2(d / "good.pt2"), d / "future.pt2", edit)
+
+
+def torchscript_broken(d: Path) -> Path:
+    src = d / "good_ts.pt"
+    torch.jit.save(torch.jit.trace(_model(), torch.zeros(1, 3, 32, 32)), str(src))
+    return _rewrite_zip(src, d / "broken.pt", lambda n, b: b"garbage" if n.endswith("data.pkl") else b)
+
+
+def state_dict_pt(d: Path) -> Path:
+    p = d / "weights.pt"
+    torch.save(_model().state_dict(), p)
+    return p
+
+
+def pickled_module_pth(d: Path) -> Path:
+    p = d / "model.pth"
+    torch.save(_model(), p)
+    return p
+
+
+def empty_onnx(d: Path) -> Path:
+    p = d / "empty.onnx"
+    p.write_bytes(b"")
+    return p
+
+
+def onnx_named_pt2(d: Path) -> Path:
+    p = d / "really_onnx.pt2"
+    p.write_bytes(_onnx(d / "x.onnx").read_bytes())
+    return p
+
+
+def pt2_named_onnx(d: Path) -> Path:
+    p = d / "really_pt2.onnx"
+    p.write_bytes(_pt2(d / "x.pt2").read_bytes())
+    return p
+
+
+CASES: list[tuple[Callable[[Path], Path], list[str]]] = [
+    (corrupt_onnx, ["corrupt.onnx", "expected an ONNX model", "cannot be parsed"]),
+    (truncated_onnx, ["truncated.onnx", "expected an ONNX model", "truncated or corrupt"]),
+    (onnx_without_external_data, ["split.onnx", "external data", "split.weights", "beside"]),
+    (pt2_not_an_archive, ["notzip.pt2", "expected a torch.export archive", "not a zip archive"]),
+    (pt2_from_another_torch, ["future.pt2", "torch 9.9.0", "schema 99", "torch.export.save"]),
+    (torchscript_broken, ["broken.pt", "expected TorchScript", "cannot be loaded"]),
+    (state_dict_pt, ["weights.pt", "expected TorchScript", "state_dict", ".pt2", "python://"]),
+    (pickled_module_pth, ["model.pth", "expected TorchScript", "pickled", ".pt2", "python://"]),
+    (empty_onnx, ["empty.onnx", "is empty (0 bytes)", "expected an ONNX model"]),
+    (onnx_named_pt2, ["really_onnx.pt2", "expected a torch.export archive", "holds an ONNX model"]),
+    (pt2_named_onnx, ["really_pt2.onnx", "expected an ONNX model", "torch.export archive"]),
+]
+
+
+@pytest.mark.parametrize(("make", "phrases"), CASES, ids=[c[0].__name__ for c in CASES])
+def test_unreadable_source_is_a_clear_error(
+    make: Callable[[Path], Path], phrases: list[str], kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    bad = make(tmp_path)
+    doc = small_cnn_doc(source={"uri": bad.name}, targets=[{"name": "cpu", "backend": "onnxruntime"}])
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 2, (res.code, res.stderr)
+    text = " ".join(res.stderr.split())
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} not in: {text}"
+    assert "Traceback" not in res.stderr and "exporting" not in res.stderr
+    assert not (tmp_path / ".kompile" / "artifacts").exists()
+    assert not (tmp_path / ".kompile" / "mlflow.db").exists()
+
+
+def test_dataset_keys_that_do_not_match_the_inputs(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    np.savez(tmp_path / "refs.npz", image=np.zeros((2, 3, 32, 32), np.float32))
+    doc = small_cnn_doc(validation={"dataset": "refs.npz"})
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 2
+    text = " ".join(res.stderr.split())
+    assert "refs.npz" in text and "['image']" in text and "missing inputs ['input']" in text, text
+    assert "Traceback" not in res.stderr
+
+
+def test_the_compile_job_reports_the_same_message_and_exits_2(
+    tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """What the operator shows: the Job's compact result carries the message, exit code 2."""
+    from kompile.api.job_contract import ExitCode, JobSpec, parse_compact
+    from kompile.api.spec import Target
+    from kompile.compile_jobs import job
+
+    bad = state_dict_pt(tmp_path)
+    doc = small_cnn_doc(source={"uri": bad.name})
+    target = Target(name="cpu", backend="onnxruntime")
+    spec = JobSpec(
+        compiled_model={**doc, "metadata": {"name": "small", "uid": "u", "generation": 1}},
+        target=target,
+        hardware_class="cpu-x86-64-avx2",
+        device="cpu",
+        artifact_prefix=(tmp_path / "store" / "cache" / "k").as_uri(),
+        work_dir=str(tmp_path / "scratch"),
+    )
+    for item in spec.to_env():
+        monkeypatch.setenv(item["name"], item["value"])
+    monkeypatch.setenv("KOMPILE_SOURCE_DIR", str(tmp_path))
+    monkeypatch.setenv("KOMPILE_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    with pytest.raises(SystemExit) as exited:
+        job.main()
+    assert exited.value.code == ExitCode.BAD_INPUT
+    status, _, _ = parse_compact((tmp_path / "termination-log").read_text())
+    assert status.phase == "Failed" and status.reason == "SourceError"
+    assert "weights.pt" in (status.message or "") and "state_dict" in (status.message or "")
