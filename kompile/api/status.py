@@ -61,6 +61,10 @@ class OutputCheck(ApiModel):
     top_k_agreement: float | None = Field(
         default=None, description="Share of samples whose top-k classes match (classifier outputs)."
     )
+    top_k: int | None = Field(
+        default=None,
+        description="k used for this output's agreement: the threshold's, capped at classes - 1.",
+    )
     finite: bool = Field(description="False when the artifact produced NaN or Inf.")
 
 

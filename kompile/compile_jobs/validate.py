@@ -158,13 +158,14 @@ def _measure(
         max_rel = max(max_rel, float((diff / (np.abs(ref) + eps)).max(initial=0.0)))
         cosines.extend(_row_cosines(ref, cand))
         if classify:
-            agree.extend(_top_k_agree(ref, cand, thresholds.top_k))
+            agree.extend(_top_k_agree(ref, cand, effective_top_k(thresholds.top_k, cand)))
     return OutputCheck(
         name=name,
         max_abs_error=max_abs,
         max_rel_error=max_rel,
         cosine=min(cosines) if cosines else 1.0,
         top_k_agreement=float(np.mean(agree)) if agree else None,
+        top_k=effective_top_k(thresholds.top_k, pairs[0][1]) if agree else None,
         finite=True,
     )
 
@@ -188,6 +189,11 @@ def _row_cosines(ref: Array, cand: Array) -> list[float]:
     return out
 
 
+def effective_top_k(k: int, scores: Array) -> int:
+    """k capped at the number of classes minus one: a top-k that holds every class never fails."""
+    return max(1, min(k, int(scores.shape[-1]) - 1))
+
+
 def _top_k_agree(ref: Array, cand: Array, k: int) -> list[bool]:
     """A sample agrees when the reference's top-1 class is among the candidate's top-k classes.
 
@@ -196,7 +202,6 @@ def _top_k_agree(ref: Array, cand: Array, k: int) -> list[bool]:
     """
     r = ref.reshape(-1, ref.shape[-1])
     c = cand.reshape(-1, cand.shape[-1])
-    k = min(k, c.shape[-1])
     top1 = np.argmax(r, axis=-1)
     topk = np.argsort(-c, axis=-1, kind="stable")[:, :k]
     return [bool(t in row) for t, row in zip(top1, topk, strict=True)]
@@ -217,6 +222,7 @@ def _missed(check: OutputCheck, t: Thresholds) -> list[str]:
     agreement = check.top_k_agreement
     if agreement is not None and t.min_top_k_agreement is not None and agreement < t.min_top_k_agreement:
         out.append(
-            f"output {name!r}: top-{t.top_k} agreement {agreement:.3f} < limit {t.min_top_k_agreement:.3f}"
+            f"output {name!r}: top-{check.top_k or t.top_k} agreement {agreement:.3f} "
+            f"< limit {t.min_top_k_agreement:.3f}"
         )
     return out

@@ -136,3 +136,15 @@ def test_relative_error_is_not_blown_up_by_zeros() -> None:
     cand = [[np.array([[1e-6, 10.0, -10.0]])]]
     check = compare(ref, cand, ["y"], default_thresholds("fp32"), task="none").outputs[0]
     assert check.max_rel_error < 1e-3
+
+
+def test_top_k_never_reaches_the_number_of_classes() -> None:
+    """With 2 classes a top-5 check holds every class: it could never fail. k is capped at the
+    number of classes minus one, so a binary classifier whose answer flips fails."""
+    ref = [[np.array([[2.0, 1.0], [2.0, 1.0], [2.0, 1.0], [2.0, 1.0]], np.float32)]]
+    flipped = [[np.array([[1.0, 2.0], [2.0, 1.0], [2.0, 1.0], [2.0, 1.0]], np.float32)]]
+    t = resolve_thresholds("fp16", Tolerances(max_abs_error=10.0, min_cosine=-1.0))
+    assert t.top_k == 5
+    result = compare(ref, flipped, ["logits"], t, task="classification")
+    assert result.outputs[0].top_k_agreement == 0.75
+    assert not result.passed and any("top-1 agreement" in f for f in result.failures), result.failures
