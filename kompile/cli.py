@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kompile.api.resource import ManifestError, load_manifest
+from kompile.api.resource import CompiledModel, ManifestError, load_manifest
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Compile one trained model for every kind of hardware."
@@ -32,9 +32,20 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+DimOption = Annotated[
+    list[str] | None,
+    typer.Option("--dim", help="Model files: a dynamic dim's range, NAME=MIN:OPT:MAX (repeatable)."),
+]
+PrecisionOption = Annotated[
+    list[str] | None,
+    typer.Option("--precision", help="Model files: precisions to build (repeatable; default fp32)."),
+]
+BackendOption = Annotated[str, typer.Option(help="Model files: the fleet's backend (default auto).")]
+
+
 @app.command()
 def run(
-    manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file.")],
+    manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file, or a model file (.onnx, .pt2).")],
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the status document (CRD status shape) on stdout.")
     ] = False,
@@ -51,14 +62,24 @@ def run(
     ] = None,
     register: Annotated[bool, typer.Option(help="Record runs and versions in MLflow.")] = True,
     target: Annotated[list[str] | None, typer.Option(help="Only these targets (repeatable).")] = None,
+    dim: DimOption = None,
+    precision: PrecisionOption = None,
+    backend: BackendOption = "auto",
 ) -> None:
-    """Compile, validate, benchmark and register MANIFEST's model on this machine."""
+    """Compile, validate, benchmark and register MANIFEST's model on this machine. Given a model
+    file instead, read its inputs, compile it for this machine and print the manifest used."""
     from kompile.local_run import LocalRunSettings, execute
 
-    try:
-        cm = load_manifest(manifest)
-    except ManifestError as err:
-        raise _fail(str(err)) from None
+    written: str | None = None
+    if starter_is_model(manifest):
+        cm, written = _starter_manifest(manifest, manifest.name, dim, precision, backend)
+    elif dim or precision or backend != "auto":
+        raise _fail("--dim, --precision and --backend apply to model files; edit the manifest instead")
+    else:
+        try:
+            cm = load_manifest(manifest)
+        except ManifestError as err:
+            raise _fail(str(err)) from None
     settings = LocalRunSettings(
         manifest=manifest,
         work_dir=work_dir,
@@ -72,9 +93,77 @@ def run(
     code, message = execute(cm, settings, err_console)
     if message:
         raise _fail(message, code)
+    if written is not None:
+        err_console.print(
+            f"\nThe manifest this run used (save it with `kompile init {manifest}`):", highlight=False
+        )
+        err_console.print(written, markup=False, highlight=False, soft_wrap=True)
     if not json_out:
         err_console.print(f"done in {time.perf_counter() - started:.1f}s")
     raise typer.Exit(code)
+
+
+def starter_is_model(path: Path) -> bool:
+    from kompile.starter import is_model_file
+
+    return is_model_file(path)
+
+
+def _starter_manifest(
+    model: Path,
+    source_uri: str,
+    dims: list[str] | None,
+    precisions: list[str] | None,
+    backend: str,
+    name: str | None = None,
+) -> tuple[CompiledModel, str]:
+    """The CompiledModel written for a model file, and its commented YAML."""
+    from kompile.api.resource import parse_manifest
+    from kompile.compile_jobs.source_files import SourceError
+    from kompile.starter import StarterError, StarterOptions, commented_yaml, manifest_for, parse_dim
+
+    if not model.is_file():
+        raise _fail(f"{model}: no such file")
+    try:
+        opts = StarterOptions(
+            dims=dict(parse_dim(d) for d in dims or []),
+            precisions=list(precisions or ["fp32"]),
+            backend=backend,
+            name=name,
+        )
+        doc = manifest_for(model, source_uri, opts)
+        cm = parse_manifest(doc, f"the manifest written for {model.name}")
+    except (StarterError, SourceError, ManifestError) as err:
+        raise _fail(str(err)) from None
+    return cm, commented_yaml(doc, model)
+
+
+@app.command()
+def init(
+    model: Annotated[Path, typer.Argument(help="Model file (.onnx or .pt2).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Manifest to write; default: MODEL's name with .yaml.")
+    ] = None,
+    dim: DimOption = None,
+    precision: PrecisionOption = None,
+    backend: BackendOption = "auto",
+    name: Annotated[str | None, typer.Option(help="metadata.name; default: from the file name.")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite OUT if it exists.")] = False,
+) -> None:
+    """Write a commented CompiledModel manifest for a model file, ready to run or kubectl apply."""
+    import os
+
+    path = out or model.with_suffix(".yaml")
+    if path.exists() and not force:
+        raise _fail(f"{path} exists: pass --force to overwrite it, or --out another file")
+    source = Path(os.path.relpath(model.resolve(), path.resolve().parent)).as_posix()
+    _, text = _starter_manifest(model, source, dim, precision, backend, name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as err:
+        raise _fail(f"cannot write {path}: {err.strerror}") from None
+    err_console.print(f"wrote {path}: run it with `kompile run {path}`", highlight=False)
 
 
 @app.command()

@@ -12,9 +12,11 @@ from rich.status import Status
 from rich.table import Table
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import CandidateStatus, CompiledModelStatus, TargetStatus
+from kompile.api.status import CandidateStatus, CompiledModelStatus, LatencyStats, TargetStatus
 from kompile.artifact_store import StoreError, is_s3, join, put_tree
+from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.export import ExportError
+from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.pipeline import BuiltTarget, LogReporter, PipelineOptions, Reporter, run_pipeline
 from kompile.compile_jobs.sources import SourceError
@@ -140,13 +142,12 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
 
 
 def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
-    eager = (
-        status.baselines[0].latency[0].p50_ms if status.baselines and status.baselines[0].latency else None
-    )
+    eager = status.baselines[0].latency if status.baselines else []
     title = f"{cm.metadata.name}: {status.targets_ready} targets validated"
-    if eager is not None:
-        title += f" (eager p50 {eager:.2f} ms)"
+    if eager:
+        title += f" (eager p50 {_p50(eager)} ms)"
     table = Table(title=title)
+    notes = [f"CPU: {cpu_description()}, {cm.spec.benchmark.threads or available_cores()} threads"]
     for col in (
         "target",
         "backend",
@@ -172,8 +173,8 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
             t.name,
             t.backend,
             t.precision,
-            f"{t.latency[0].p50_ms:.2f}" if t.latency else "-",
-            f"{t.speedup:.2f}x" if t.speedup else "-",
+            _p50(t.latency),
+            _speedup(t.speedup, t.speedup_stable),
             f"{err:.2e}" if err is not None else "-",
             f"{cos:.5f}" if cos is not None else "-",
             verdict,
@@ -181,11 +182,37 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
         )
         for c in t.candidates:
             table.add_row(*_candidate_row(c))
-    if any(t.selection and t.selection.message for t in status.targets):
-        table.caption = "\n".join(
-            f"{t.name}: {t.selection.message}" for t in status.targets if t.selection and t.selection.message
+    notes += [
+        f"{t.name}: {t.selection.message}" for t in status.targets if t.selection and t.selection.message
+    ]
+    if _any_unstable(status):
+        notes.append(
+            f"~ never settled: the medians of consecutive timing windows differed by more than "
+            f"{cm.spec.benchmark.settle_tolerance:.0%} "
+            "(a busy machine?); read those figures and speedups as unreliable"
         )
+    table.caption = "\n".join(notes)
     return table
+
+
+def _p50(latency: list[LatencyStats]) -> str:
+    if not latency:
+        return "-"
+    first = latency[0]
+    return f"{'~' if first.stable is False else ''}{first.p50_ms:.2f}"
+
+
+def _speedup(speedup: float | None, stable: bool | None) -> str:
+    if not speedup:
+        return "-"
+    return f"~{speedup:.2f}x" if stable is False else f"{speedup:.2f}x"
+
+
+def _any_unstable(status: CompiledModelStatus) -> bool:
+    figures = [lat for b in status.baselines for lat in b.latency[:1]]
+    figures += [lat for t in status.targets for lat in t.latency[:1]]
+    figures += [lat for t in status.targets for c in t.candidates for lat in c.latency[:1]]
+    return any(f.stable is False for f in figures)
 
 
 def _candidate_row(c: CandidateStatus) -> list[str]:
@@ -200,8 +227,8 @@ def _candidate_row(c: CandidateStatus) -> list[str]:
         f"  └ {c.name}",
         c.backend,
         c.precision,
-        f"{c.latency[0].p50_ms:.2f}" if c.latency else "-",
-        f"{c.speedup:.2f}x" if c.speedup else "-",
+        _p50(c.latency),
+        _speedup(c.speedup, c.speedup_stable),
         f"{c.max_abs_error:.2e}" if c.max_abs_error is not None else "-",
         f"{c.min_cosine:.5f}" if c.min_cosine is not None else "-",
         verdict,

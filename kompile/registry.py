@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import CandidateStatus, CompiledModelStatus, RegistryStatus, TargetStatus
+from kompile.api.status import (
+    CandidateStatus,
+    CompiledModelStatus,
+    LatencyStats,
+    RegistryStatus,
+    TargetStatus,
+)
 
 DEFAULT_TRACKING_URI = "sqlite:///.kompile/mlflow.db"
 
@@ -47,13 +53,25 @@ def _metrics(t: TargetStatus) -> dict[str, float]:
             "p99_ms": first.p99_ms,
             "throughput": first.throughput,
         }
-        for lat in t.latency:
-            out[f"p50_ms_b{lat.batch_size}"] = lat.p50_ms
+        out |= _figures(t.latency)
     if t.speedup is not None:
         out["speedup"] = t.speedup
     if t.validation and t.validation.outputs:
         out["max_abs_error"] = max(o.max_abs_error for o in t.validation.outputs)
         out["min_cosine"] = min(o.cosine for o in t.validation.outputs)
+    return out
+
+
+def _figures(latency: list[LatencyStats]) -> dict[str, float]:
+    """Per batch size: p50, throughput, spread and whether the figure settled (1) or not (0)."""
+    out: dict[str, float] = {}
+    for lat in latency:
+        b = lat.batch_size
+        out |= {f"p50_ms_b{b}": lat.p50_ms, f"throughput_b{b}": lat.throughput}
+        if lat.spread is not None:
+            out[f"spread_b{b}"] = lat.spread
+        if lat.stable is not None:
+            out[f"stable_b{b}"] = float(lat.stable)
     return out
 
 
@@ -66,6 +84,8 @@ def _version_tags(cm: CompiledModel, t: TargetStatus, digest: str | None) -> dic
         "kompile.hardware_class": t.hardware_class or "",
         "kompile.verdict": verdict,
         "kompile.speedup": f"{t.speedup:.3f}" if t.speedup is not None else "",
+        # An unsettled figure makes the speedup unreliable: say so where the UI shows it.
+        "kompile.speedup_stable": "" if t.speedup_stable is None else str(t.speedup_stable).lower(),
         "kompile.source_uri": cm.spec.source.uri,
         "kompile.source_digest": digest or "",
         "kompile.artifact_digest": t.artifact.digest if t.artifact else "",
@@ -257,8 +277,7 @@ def _record_candidate(client: Any, exp_id: str, target_run: str, t: TargetStatus
         "compile_seconds": c.compile_seconds,
         "max_abs_error": c.max_abs_error,
         "min_cosine": c.min_cosine,
-        **{f"p50_ms_b{lat.batch_size}": lat.p50_ms for lat in c.latency},
-        **{f"throughput_b{lat.batch_size}": lat.throughput for lat in c.latency},
+        **_figures(c.latency),
     }
     params = {
         "backend": c.backend,

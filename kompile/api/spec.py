@@ -218,7 +218,26 @@ class Benchmark(ApiModel):
         description="Batch sizes to time (batch is the first dynamic dimension, when there is one).",
     )
     warmup: int = Field(default=3, ge=0, le=1000, description="Untimed iterations first.")
-    iterations: int = Field(default=20, ge=1, le=10000, description="Timed iterations per batch size.")
+    iterations: int = Field(
+        default=20,
+        ge=1,
+        le=10000,
+        description="Timed iterations per batch size on a steady machine (in two windows of half each).",
+    )
+    settle_tolerance: float = Field(
+        default=0.10,
+        gt=0,
+        le=1,
+        description="A figure is stable when the medians of its last two timing windows differ by at "
+        "most this share; timing goes on until every figure is, up to maxIterations. Figures that never "
+        "settle are marked unstable.",
+    )
+    max_iterations: int | None = Field(
+        default=None,
+        ge=1,
+        le=100000,
+        description="Bound on timed iterations per batch size; default 4x iterations.",
+    )
     threads: int | None = Field(
         default=None, ge=1, le=256, description="Intra-op threads for every runtime; default: all cores."
     )

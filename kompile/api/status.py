@@ -49,6 +49,14 @@ class LatencyStats(ApiModel):
     p90_ms: float = Field(description="90th percentile latency in milliseconds.")
     p99_ms: float = Field(description="99th percentile latency in milliseconds.")
     throughput: float = Field(description="Samples per second at this batch size.")
+    spread: float | None = Field(
+        default=None, description="(p90 - p50) / p50: how widely the timed calls scattered."
+    )
+    stable: bool | None = Field(
+        default=None,
+        description="False when the figure never settled: the medians of consecutive timing windows "
+        "kept differing by more than benchmark.settleTolerance (a busy machine?).",
+    )
 
 
 class OutputCheck(ApiModel):
@@ -112,6 +120,9 @@ class CandidateStatus(ApiModel):
     min_cosine: float | None = Field(default=None, description="Smallest cosine similarity seen.")
     latency: list[LatencyStats] = Field(default_factory=list, description="Latency per batch size.")
     speedup: float | None = Field(default=None, description="Eager p50 / candidate p50, first batch size.")
+    speedup_stable: bool | None = Field(
+        default=None, description="False when eager's or this candidate's first-batch p50 never settled."
+    )
     artifact_digest: str | None = Field(default=None, description="sha256 of its compiled file.")
 
 
@@ -144,6 +155,11 @@ class TargetStatus(ApiModel):
     )
     speedup: float | None = Field(
         default=None, description="Eager p50 / artifact p50 at the first batch size."
+    )
+    speedup_stable: bool | None = Field(
+        default=None,
+        description="False when a figure behind the speedup (eager's or the artifact's p50 at the "
+        "first batch size) never settled: read the speedup as unreliable.",
     )
     validation: ValidationResult | None = Field(default=None, description="Validation verdict.")
     registered_version: str | None = Field(default=None, description="MLflow model version.")

@@ -58,6 +58,34 @@ def foreign_cpu_seconds() -> float | None:
 
 
 @dataclass
+class Stability:
+    """Keep timing until each runtime's figure settles (as Triton Model Navigator does): the rounds
+    come in windows of `window` rounds, and a runtime is stable once the medians of its last two
+    windows differ by at most `tolerance` of their mean. Timing stops when every runtime is
+    stable or `max_rounds` rounds ran; the figures are those of the last two windows."""
+
+    window: int
+    tolerance: float = 0.10
+    max_rounds: int = 80
+
+    @classmethod
+    def for_iterations(cls, iterations: int, tolerance: float, max_iterations: int | None) -> Stability:
+        """Windows of half the asked-for iterations, so a steady machine times as many rounds as
+        before; a noisy one up to `max_iterations` (default 4x)."""
+        window = max(2, -(-iterations // 2))
+        return cls(window, tolerance, max(2 * window, max_iterations or 4 * iterations))
+
+
+def settled(medians: list[float], tolerance: float) -> bool:
+    """Whether the last two window medians agree within `tolerance` of their mean."""
+    if len(medians) < 2:
+        return False
+    a, b = medians[-2], medians[-1]
+    mean = (a + b) / 2
+    return a == b or (mean > 0 and abs(a - b) / mean <= tolerance)
+
+
+@dataclass
 class QuietRounds:
     """Keep the rounds that other processes disturbed least (shared build machines, CI runners).
 
@@ -81,6 +109,7 @@ def time_interleaved(
     pause_s: float = 0.0,
     quiet: QuietRounds | None = None,
     settle: int = 0,
+    stability: Stability | None = None,
 ) -> dict[str, LatencyStats]:
     """Time each fn over `iterations` rounds; every round calls each fn once, in rotating order.
 
@@ -94,7 +123,8 @@ def time_interleaved(
     cores from the next runtime and bias its figure; `settle` untimed calls right before each
     timed one wake this runtime's own pool, so every timed call sees the runtime in the steady
     state a server keeps it in. `quiet` drops rounds that other processes disturbed; a whole
-    round goes, so every fn keeps the same rounds.
+    round goes, so every fn keeps the same rounds. `stability` keeps timing in windows until each
+    fn's figure settles (and marks those that never did); it replaces `iterations`.
     """
     if iterations < 1:
         raise ValueError("iterations must be at least 1")
@@ -102,6 +132,8 @@ def time_interleaved(
     for name in names:
         for _ in range(warmup):
             fns[name]()
+    if stability is not None:
+        return _time_until_stable(fns, names, batch_size, clock, pause_s, settle, stability)
     limit = quiet.max_foreign_cores if quiet else float("inf")
     probe = quiet.probe if quiet else _no_probe
     max_rounds = max(iterations, int(iterations * quiet.max_rounds_factor)) if quiet else iterations
@@ -114,6 +146,37 @@ def time_interleaved(
     if quiet:
         quiet.discarded += len(rounds) - len(kept)
     return {name: latency_stats([d[name] for _, d in kept], batch_size) for name in names}
+
+
+def _time_until_stable(
+    fns: Mapping[str, Callable[[], object]],
+    names: list[str],
+    batch_size: int,
+    clock: Clock,
+    pause_s: float,
+    settle: int,
+    s: Stability,
+) -> dict[str, LatencyStats]:
+    """Windows of rounds until every fn's last two window medians agree, or the bound is hit."""
+    windows: list[dict[str, list[int]]] = []
+    orders = rotating_orders(names, s.max_rounds)
+    while len(windows) * s.window + s.window <= s.max_rounds:
+        start = len(windows) * s.window
+        window: dict[str, list[int]] = {n: [] for n in names}
+        for order in orders[start : start + s.window]:
+            _, durations = _timed_round(fns, order, clock, pause_s, settle, _no_probe)
+            for n in names:
+                window[n].append(durations[n])
+        windows.append(window)
+        if all(settled([float(np.median(w[n])) for w in windows], s.tolerance) for n in names):
+            break
+    out: dict[str, LatencyStats] = {}
+    for n in names:
+        medians = [float(np.median(w[n])) for w in windows]
+        kept = [d for w in windows[-2:] for d in w[n]]
+        stats = latency_stats(kept, batch_size)
+        out[n] = stats.model_copy(update={"stable": settled(medians, s.tolerance)})
+    return out
 
 
 def _no_probe() -> float | None:
@@ -161,4 +224,5 @@ def latency_stats(durations_ns: list[int], batch_size: int) -> LatencyStats:
         p90_ms=p90,
         p99_ms=p99,
         throughput=batch_size * 1000.0 / p50 if p50 > 0 else float("inf"),
+        spread=round((p90 - p50) / p50, 4) if p50 > 0 else None,
     )

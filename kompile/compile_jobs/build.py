@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kompile.api.candidates import candidate_targets, is_multi
-from kompile.api.catalog import OptionsError, entry
+from kompile.api.catalog import CATALOG, OptionsError, entry
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import InputSpec, Target, Validation
 from kompile.api.status import Artifact, TargetStatus, Thresholds
@@ -35,7 +35,7 @@ from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunRe
 # Runtimes raise these when an artifact cannot run on the reference inputs.
 RUN_ERRORS = (RuntimeError, ValueError)
 # Reasons an auto target drops a backend silently: auto only offers what can build the target.
-_SILENT_FOR_AUTO = ("UnsupportedPrecision", "UnsupportedDevice")
+_SILENT_FOR_AUTO = ("UnsupportedPrecision", "UnsupportedDevice", "UnsupportedSource")
 
 
 class StageReporter(Protocol):
@@ -63,7 +63,7 @@ def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget
     ts = _pending(target, ctx.hardware_class)
     planned = PlannedTarget(target=target, status=ts, multi=is_multi(target))
     if not planned.multi:
-        skip = skip_reason(target, device)
+        skip = skip_reason(target, device, ctx.loaded.module is not None)
         if skip:
             ts.phase, ts.reason, ts.message = "Skipped", skip[0], skip[1]
         elif built := build_target(ctx, target, ts, target.name, device):
@@ -72,7 +72,7 @@ def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget
     auto = not target.candidates
     for cand in candidate_targets(target, device):
         cs = _pending(cand, ctx.hardware_class)
-        skip = skip_reason(cand, device)
+        skip = skip_reason(cand, device, ctx.loaded.module is not None)
         if skip and auto and skip[0] in _SILENT_FOR_AUTO:
             continue
         if skip:
@@ -96,10 +96,17 @@ def _pending(target: Target, hardware_class: str) -> TargetStatus:
     )
 
 
-def skip_reason(target: Target, device: str) -> tuple[str, str] | None:
-    """Why this machine cannot build `target` for `device`, or None. Precision and device come
-    first: `auto` drops a backend that cannot build them without reporting it."""
+def skip_reason(target: Target, device: str, torch_source: bool = True) -> tuple[str, str] | None:
+    """Why this machine cannot build `target` for `device` from this source, or None. Precision,
+    device and source kind come first: `auto` drops a backend that cannot build them without
+    reporting it."""
     e = entry(target.backend)
+    if e.consumes == "torch" and not torch_source:
+        onnx_backends = [n for n, c in CATALOG.items() if c.consumes == "onnx" and not c.stand_in]
+        return "UnsupportedSource", (
+            f"backend {target.backend} compiles PyTorch modules and this source is ONNX; use a backend "
+            f"that compiles ONNX ({', '.join(onnx_backends)})"
+        )
     if target.precision not in e.precisions:
         return "UnsupportedPrecision", (
             f"backend {target.backend} supports {sorted(e.precisions)}, not {target.precision}"

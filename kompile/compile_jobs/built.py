@@ -20,6 +20,7 @@ _WINNER_FIELDS = (
     "latency",
     "eager_latency",
     "speedup",
+    "speedup_stable",
     "validation",
     "compile_seconds",
     "validation_seconds",
@@ -106,5 +107,6 @@ def _candidate_status(c: TargetStatus, built: BuiltTarget | None, selected: bool
         min_cosine=min((o.cosine for o in v.outputs), default=None) if v else None,
         latency=list(c.latency),
         speedup=c.speedup,
+        speedup_stable=c.speedup_stable,
         artifact_digest=c.artifact.digest if c.artifact else None,
     )

@@ -31,17 +31,38 @@ def cpu_isa(flags: set[str], arch: str) -> str:
     return "generic"
 
 
+# Flags that decide which kernels (and so which figures) a CPU gets, printed beside every figure.
+_FIGURE_FLAGS = (
+    "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+    "amx_tile", "amx_bf16", "amx_int8", "asimddp", "bf16", "i8mm", "sve",
+)  # fmt: skip
+
+
 @cache
-def local_cpu_class() -> str:
-    arch = _ARCH.get(platform.machine().lower(), platform.machine().lower())
-    flags: set[str] = set()
+def _cpuinfo() -> tuple[str, set[str]]:
+    """(model name, feature flags) of this machine's CPU, from /proc/cpuinfo where there is one."""
+    model, flags = platform.processor() or platform.machine(), set[str]()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith(("flags", "Features")):
+            if line.startswith(("model name", "Model")) and model in ("", platform.machine()):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith(("flags", "Features")) and not flags:
                 flags = set(line.split(":", 1)[1].split())
-                break
-    return f"cpu-{arch}-{cpu_isa(flags, arch)}"
+    return model, flags
+
+
+@cache
+def local_cpu_class() -> str:
+    arch = _ARCH.get(platform.machine().lower(), platform.machine().lower())
+    return f"cpu-{arch}-{cpu_isa(_cpuinfo()[1], arch)}"
+
+
+def cpu_description() -> str:
+    """The CPU model and the ISA features that shape its figures, e.g. 'AMD EPYC (avx2, avx512f)'."""
+    model, flags = _cpuinfo()
+    shown = [f for f in _FIGURE_FLAGS if f in flags]
+    return f"{model} ({', '.join(shown) or 'no vector extensions reported'})"
 
 
 def local_cuda_class() -> str | None:

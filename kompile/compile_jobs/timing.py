@@ -69,8 +69,9 @@ def run_benchmark(
         # ONNX Runtime's and OpenMP's idle workers spin for 20-50 ms and slow whatever runs next:
         # an idle pause before each timed call waits them out, and one untimed call right before
         # it wakes the runtime's own pool, as a server under load keeps it (benchmarks/cpu_artifacts).
+        stability = bench.Stability.for_iterations(b.iterations, b.settle_tolerance, b.max_iterations)
         stats = bench.time_interleaved(
-            fns, batch, b.warmup, b.iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS
+            fns, batch, b.warmup, b.iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS, stability=stability
         )
         eager.append(stats["eager"])
         if "torch.compile" in stats:
@@ -81,6 +82,7 @@ def run_benchmark(
         t.status.eager_latency = list(eager)
         if eager and t.status.latency:
             t.status.speedup = round(eager[0].p50_ms / t.status.latency[0].p50_ms, 3)
+            t.status.speedup_stable = bool(eager[0].stable and t.status.latency[0].stable)
     baselines = [Baseline(name="eager", latency=eager)]
     if compiled_module is not None:
         baselines.append(Baseline(name="torch.compile", latency=compiled, compile_seconds=compiled_module[1]))

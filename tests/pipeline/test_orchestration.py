@@ -182,3 +182,52 @@ def test_kompile_compare_holds_saved_results_to_each_other(kompile_run, write_ma
     assert code == 2 and "not kompile run results" in err and "Traceback" not in err, err
     result = json.loads((good / RESULT_FILE).read_text())
     assert result["savedResults"]["outputs"] == "outputs.npz"
+
+
+def test_figures_that_never_settle_are_marked_everywhere(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A runtime whose every call is slower than the last (the null stand-in's driftMs) never
+    settles (held to 0.1%, its windows' medians grow about 7% apart): timed up to the bound, then
+    marked unstable in --json/status, the table and MLflow."""
+    targets = [
+        {"name": "steady", "backend": "null"},
+        {"name": "drifting", "backend": "null", "options": {"driftMs": "1"}},
+    ]
+    doc = small_cnn_doc(
+        targets=targets,
+        benchmark={
+            "batchSizes": [1],
+            "warmup": 1,
+            "iterations": 4,
+            "maxIterations": 12,
+            "settleTolerance": 0.001,
+        },
+    )
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 0, res.stderr
+    by = _by_name(res.status["targets"])
+    assert by["drifting"]["latency"][0]["stable"] is False and by["drifting"]["speedupStable"] is False
+    assert by["drifting"]["latency"][0]["spread"] > 0
+    assert res.status["baselines"][0]["latency"][0]["p50Ms"] > 0
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=res.status["registry"]["trackingUri"])
+    versions = {v.tags["kompile.target"]: v for v in client.search_model_versions("name='small'")}
+    assert versions["drifting"].tags["kompile.speedup_stable"] == "false"
+    assert client.get_run(versions["drifting"].run_id).data.metrics["stable_b1"] == 0.0
+
+    # The summary table a person reads: the unsettled figures carry a ~ and the caption says why,
+    # beside the CPU they were measured on.
+    from rich.console import Console
+
+    from kompile.api.resource import CompiledModel
+    from kompile.api.status import CompiledModelStatus
+    from kompile.local_run import summary_table
+
+    cm = CompiledModel.model_validate(doc)
+    console = Console(width=200, record=True)
+    console.print(summary_table(cm, CompiledModelStatus.model_validate(res.status)))
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "drifting" in line)
+    assert "~" in row, row
+    assert "never settled" in text and "CPU: " in text and "threads" in text

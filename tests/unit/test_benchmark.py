@@ -128,3 +128,34 @@ def test_set_threads_pins_torch_and_env(monkeypatch: pytest.MonkeyPatch) -> None
         assert set_threads() >= 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_timing_goes_on_until_figures_settle_and_marks_those_that_never_do() -> None:
+    from kompile.compile_jobs.benchmark import Stability
+
+    clock = FakeClock()
+    calls: list[str] = []
+    steady = [1.0] * 200
+    # A busy neighbour: windows of 5 calls alternate between 1 ms and 3 ms, never agreeing.
+    noisy = [1.0 if (i // 5) % 2 == 0 else 3.0 for i in range(200)]
+    # Disturbed at first, then quiet: settles after its third window.
+    late = [9.0] * 5 + [2.0] * 195
+    fns = {n: clock.fn(c, calls, n) for n, c in (("steady", steady), ("noisy", noisy), ("late", late))}
+    stability = Stability.for_iterations(10, tolerance=0.1, max_iterations=40)
+    assert (stability.window, stability.max_rounds) == (5, 40)
+    stats = time_interleaved(fns, batch_size=1, warmup=0, iterations=10, clock=clock, stability=stability)
+    assert calls.count("noisy") == 40  # it never settled: timed up to the bound
+    assert stats["noisy"].stable is False and stats["noisy"].spread == 0.5
+    assert stats["steady"].stable is True and stats["steady"].p50_ms == pytest.approx(1.0)
+    assert stats["steady"].spread == 0.0
+    assert stats["late"].stable is True and stats["late"].p50_ms == pytest.approx(2.0)  # last two windows
+
+
+def test_a_steady_machine_times_no_more_rounds_than_asked() -> None:
+    from kompile.compile_jobs.benchmark import Stability
+
+    clock = FakeClock()
+    calls: list[str] = []
+    fns = {n: clock.fn([1.0] * 100, calls, n) for n in ("a", "b")}
+    stats = time_interleaved(fns, 1, 0, 20, clock=clock, stability=Stability.for_iterations(20, 0.1, None))
+    assert stats["a"].stable is True and calls.count("a") == 20  # two windows of 10, as asked

@@ -23,6 +23,9 @@ class NullOptions(BackendOptions):
         description="Noise of this relative size added to every output (fails validation when large).",
     )
     latency_ms: Count = Field(default=0, description="Sleep this long in every run (a slow artifact).")
+    drift_ms: Count = Field(
+        default=0, description="Each run sleeps this much longer than the one before (figures never settle)."
+    )
     compile_ms: Count = Field(default=0, description="Sleep this long in the compile.")
 
 

@@ -39,17 +39,22 @@ _SIGNATURE = "signature.json"
 class NullRunner:
     """Runs the saved copy eagerly, plus the knobs' noise and delay."""
 
-    def __init__(self, path: Path, signature: Sequence[InputSpec], perturb: float, latency_ms: int) -> None:
+    def __init__(
+        self, path: Path, signature: Sequence[InputSpec], perturb: float, latency_ms: int, drift_ms: int = 0
+    ) -> None:
         self.module = torch.load(path, weights_only=False).eval()
         self.signature = list(signature)
         self.input_names = [s.name for s in signature]
         self.output_names: list[str] = []
-        self.perturb, self.latency_ms = perturb, latency_ms
+        self.perturb, self.latency_ms, self.drift_ms = perturb, latency_ms, drift_ms
         self._rng = np.random.default_rng(0)
+        self._calls = 0
 
     def run(self, feeds: Feeds) -> list[Array]:
-        if self.latency_ms:
-            time.sleep(self.latency_ms / 1000)
+        self._calls += 1
+        delay_ms = self.latency_ms + self.drift_ms * self._calls
+        if delay_ms:
+            time.sleep(delay_ms / 1000)
         outs = eager_outputs(self.module, [feeds], self.signature)[0]
         if self.perturb:
             outs = [
@@ -94,9 +99,9 @@ class NullBackend(Backend):
             (artifact.model_path.parent / _SIGNATURE).read_text()
         )
         perturb = float(artifact.options.get("perturb", "0"))
-        return NullRunner(
-            artifact.model_path, signature, perturb, int(artifact.options.get("latencyMs", "0"))
-        )
+        opts = artifact.options
+        latency, drift = int(opts.get("latencyMs", "0")), int(opts.get("driftMs", "0"))
+        return NullRunner(artifact.model_path, signature, perturb, latency, drift)
 
 
 BACKEND = NullBackend()

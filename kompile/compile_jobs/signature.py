@@ -1,0 +1,159 @@
+"""A model file's input signature, read from the file itself: the ONNX graph's inputs, or the user
+inputs of a torch.export program. Dynamic dimensions come back with their range: the program's own
+(torch.export records each symbol's bounds), else a guess a user can override (`--dim`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kompile.compile_jobs import source_files
+from kompile.compile_jobs.source_files import SourceError
+
+# ONNX TensorProto element types and torch dtypes kompile can generate reference inputs for.
+_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 9: "bool"}
+_TORCH_DTYPES = {
+    "torch.float32": "float32",
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.int64": "int64",
+    "torch.int32": "int32",
+    "torch.bool": "bool",
+}
+_SEQUENCE_LIKE = re.compile(r"seq|len|time|token|step|frame", re.IGNORECASE)
+
+
+@dataclass
+class Dim:
+    """A dynamic dimension: its name (shared names share a size) and range, or None where unknown."""
+
+    name: str
+    min: int | None = None
+    max: int | None = None
+
+
+@dataclass
+class Input:
+    name: str
+    dtype: str
+    shape: list[int | Dim]
+
+
+def default_range(name: str, axis: int) -> tuple[int, int, int]:
+    """(min, opt, max) where the model says nothing: a batch of 1 to 32, sequences up to 512 tokens
+    optimized for 128, other dims up to 256 optimized for 16."""
+    if axis == 0:
+        return 1, 1, 32
+    if _SEQUENCE_LIKE.search(name):
+        return 1, 128, 512
+    return 1, 16, 256
+
+
+def _dim_name(raw: str, fallback: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", raw).strip("_")
+    return name if name and not name[0].isdigit() else fallback
+
+
+def read_signature(path: Path, fmt: str) -> list[Input]:
+    """The inputs of an .onnx or .pt2 file, in call order."""
+    if fmt == "onnx":
+        return _onnx_inputs(path)
+    if fmt == "pt2":
+        return _pt2_inputs(path)
+    raise SourceError(
+        f"{path}: kompile reads signatures from .onnx and .pt2 files; write spec.inputs by hand"
+    )
+
+
+def _onnx_inputs(path: Path) -> list[Input]:
+    import onnx
+
+    source_files.check_onnx(path)
+    model = onnx.load(str(path), load_external_data=False)
+    weights = {t.name for t in model.graph.initializer}
+    out: list[Input] = []
+    for vi in model.graph.input:
+        if vi.name in weights:
+            continue
+        tt = vi.type.tensor_type
+        dtype = _ONNX_DTYPES.get(tt.elem_type)
+        if dtype is None:
+            raise SourceError(
+                f"{path}: input {vi.name!r} has ONNX element type {tt.elem_type}, which kompile cannot feed"
+            )
+        shape: list[int | Dim] = []
+        for axis, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(int(d.dim_value))
+            else:
+                fallback = "batch" if axis == 0 else f"{_dim_name(vi.name, 'input')}_dim{axis}"
+                shape.append(Dim(_dim_name(d.dim_param, fallback) if d.dim_param else fallback))
+        out.append(Input(vi.name, dtype, shape))
+    return out
+
+
+def _pt2_inputs(path: Path) -> list[Input]:
+    import torch
+
+    source_files.check(path, "pt2")
+    source_files.check_pt2_schema(path)
+    with source_files.quiet_torch_loading():
+        try:
+            program = torch.export.load(str(path))
+        except (RuntimeError, ValueError, OSError) as err:
+            raise SourceError(f"{path}: cannot be loaded as a torch.export archive: {err}") from None
+    ranges: dict[str, Any] = {str(k): v for k, v in program.range_constraints.items()}
+    names: dict[str, str] = {}
+    user = set(program.graph_signature.user_inputs)
+    out: list[Input] = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user:
+            continue
+        value = node.meta.get("val")
+        dtype = _TORCH_DTYPES.get(str(getattr(value, "dtype", "")))
+        if value is None or dtype is None:
+            raise SourceError(f"{path}: input {node.name!r} is not a tensor kompile can feed ({value!r})")
+        shape: list[int | Dim] = []
+        for axis, size in enumerate(value.shape):
+            if isinstance(size, int):
+                shape.append(size)
+                continue
+            symbol = str(size.node.expr)
+            name = names.setdefault(
+                symbol, "batch" if axis == 0 and "batch" not in names.values() else f"{node.name}_dim{axis}"
+            )
+            bounds = ranges.get(symbol)
+            low, high = (int(bounds.lower), bounds.upper) if bounds is not None else (1, None)
+            shape.append(Dim(name, max(1, low), int(high) if high is not None and high.is_finite else None))
+        out.append(Input(node.name, dtype, shape))
+    return out
+
+
+def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """spec.inputs entries (wire form): each dynamic dim with its range, an override by name first,
+    then the model's own bounds, then the default guess."""
+    docs: list[dict[str, Any]] = []
+    for item in inputs:
+        dims = []
+        for axis, size in enumerate(item.shape):
+            if isinstance(size, Dim):
+                lo, opt, hi = default_range(size.name, axis)
+                lo = max(lo, size.min or lo)
+                hi = size.max if size.max is not None else hi
+                opt = min(max(opt, lo), hi)
+                lo, opt, hi = overrides.get(size.name, (lo, opt, hi))
+                dims.append({"axis": axis, "name": size.name, "min": lo, "opt": opt, "max": hi})
+        doc: dict[str, Any] = {
+            "name": item.name,
+            "dtype": item.dtype,
+            "shape": [-1 if isinstance(s, Dim) else s for s in item.shape],
+        }
+        if dims:
+            doc["dynamicDims"] = dims
+        if item.dtype in ("int64", "int32"):
+            # Token ids and such: stay in a small vocabulary unless told otherwise.
+            doc |= {"low": 0, "high": 100}
+        docs.append(doc)
+    return docs

@@ -1,0 +1,119 @@
+"""A manifest written for a model file: what `kompile init MODEL_FILE` saves and `kompile run
+MODEL_FILE` runs. The inputs come from the file (the ONNX graph, the torch.export signature), fleet
+mode compiles for every hardware class (here: this machine's), and the YAML carries comments that
+say what to change before committing it or applying it to a cluster."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kompile.api.resource import API_VERSION, KIND
+
+SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
+
+
+class StarterError(ValueError):
+    """A model file or flag kompile cannot write a manifest for; the message says what to change."""
+
+
+@dataclass
+class StarterOptions:
+    dims: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Ranges by dynamic dim name, from --dim NAME=MIN:OPT:MAX."""
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])
+    backend: str = "auto"
+    name: str | None = None
+
+
+def is_model_file(path: Path) -> bool:
+    return path.suffix.lower() in SUFFIXES
+
+
+def parse_dim(text: str) -> tuple[str, tuple[int, int, int]]:
+    """NAME=MIN:OPT:MAX (or NAME=SIZE for a fixed size)."""
+    name, _, spec = text.partition("=")
+    parts = spec.split(":")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if not name or len(values) not in (1, 3) or min(values, default=0) < 1:
+        raise StarterError(f"--dim {text!r}: write NAME=MIN:OPT:MAX (for example batch=1:1:32) or NAME=SIZE")
+    lo, opt, hi = values * 3 if len(values) == 1 else values
+    if not lo <= opt <= hi:
+        raise StarterError(f"--dim {text!r}: need MIN <= OPT <= MAX")
+    return name, (lo, opt, hi)
+
+
+def _dns_name(stem: str) -> str:
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:63].strip("-")
+    return name or "model"
+
+
+def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str, Any]:
+    """The CompiledModel document for `model`, its source named `source_uri`."""
+    from kompile.compile_jobs.signature import input_specs, read_signature
+
+    fmt = SUFFIXES.get(model.suffix.lower())
+    if fmt is None:
+        raise StarterError(f"{model}: kompile writes manifests for .onnx and .pt2 files")
+    inputs = read_signature(model, fmt)
+    known = {s.name for i in inputs for s in i.shape if not isinstance(s, int)}
+    unknown = sorted(set(opts.dims) - known)
+    if unknown:
+        raise StarterError(
+            f"--dim {', '.join(unknown)}: {model.name} has no dynamic dimension of that name; "
+            f"its dynamic dimensions are {sorted(known) or 'none'}"
+        )
+    fleet: dict[str, Any] = {"enabled": True, "precisions": list(opts.precisions)}
+    if opts.backend != "auto":
+        fleet |= {"cpuBackend": opts.backend, "gpuBackend": opts.backend}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": opts.name or _dns_name(model.stem)},
+        "spec": {
+            "source": {"uri": source_uri},
+            "inputs": input_specs(inputs, opts.dims),
+            "fleet": fleet,
+            "benchmark": {"batchSizes": [1]},
+        },
+    }
+
+
+def _block(doc: dict[str, Any], indent: int = 0) -> str:
+    text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+    return "".join(" " * indent + line + "\n" for line in text.splitlines())
+
+
+def commented_yaml(doc: dict[str, Any], model: Path) -> str:
+    """The manifest with comments that say where each part came from and what to change."""
+    spec = doc["spec"]
+    guessed = [d["name"] for i in spec["inputs"] for d in i.get("dynamicDims", [])]
+    out = [
+        f"# CompiledModel for {model.name}, written by `kompile init`.",
+        "#   here:        kompile run <this file>",
+        "#   a cluster:   kubectl apply -f <this file>   (the source must then be reachable from the",
+        "#                compile Jobs: s3://bucket/key, models:/name/version or a path in the image)",
+        _block({k: doc[k] for k in ("apiVersion", "kind", "metadata")}).rstrip(),
+        "spec:",
+        "  # The model file, relative to this manifest.",
+        _block({"source": spec["source"]}, 2).rstrip(),
+        "  # Read from the model file. -1 marks a dynamic dimension; its range (min, opt, max) is the",
+        "  # model's own where it records one, else a guess"
+        + (f" ({', '.join(guessed)})" if guessed else "")
+        + ": set it to the sizes you serve.",
+        "  # Integer inputs get reference values in [low, high): token ids need high <= vocabulary size.",
+        _block({"inputs": spec["inputs"]}, 2).rstrip(),
+        "  # One target per hardware class of the fleet and per precision; backend auto compiles every",
+        "  # backend that fits the class and keeps the fastest that validates. Add int8, bf16, fp16.",
+        _block({"fleet": spec["fleet"]}, 2).rstrip(),
+        "  # Batch sizes timed for the figures (and the selection).",
+        _block({"benchmark": spec["benchmark"]}, 2).rstrip(),
+    ]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,154 @@
+"""`kompile init MODEL_FILE` and `kompile run MODEL_FILE`: a manifest written from the model file
+itself (inputs from the ONNX graph or the torch.export signature, fleet mode), on files the test
+exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from kompile.api import parse_manifest
+from kompile.cli import app
+from tests.pipeline.conftest import torchscript_onnx
+
+
+class Frames(torch.nn.Module):
+    """A small model over a dynamic time axis, with an integer mask input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(8, 16, 3, padding=1)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.conv(frames.transpose(1, 2)) * mask.unsqueeze(1).to(frames.dtype)
+        return self.head(hidden.mean(-1))
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(app, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+def _onnx(tmp_path: Path) -> Path:
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    feed = {"image": np.zeros((1, 3, 32, 32), np.float32)}
+    dyn = {"image": {0: "batch"}, "logits": {0: "batch"}}
+    return torchscript_onnx(small_cnn().eval(), feed, tmp_path / "classifier.onnx", dyn, "logits")
+
+
+def _pt2(tmp_path: Path) -> Path:
+    batch, time = torch.export.Dim("batch", max=16), torch.export.Dim("time", min=2, max=200)
+    example = (torch.randn(2, 10, 8), torch.ones(2, 10, dtype=torch.int64))
+    program = torch.export.export(
+        Frames().eval(), example, dynamic_shapes=({0: batch, 1: time}, {0: batch, 1: time})
+    )
+    path = tmp_path / "frames.pt2"
+    torch.export.save(program, str(path))
+    return path
+
+
+def _spec(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    parse_manifest(doc, str(path))  # a valid CompiledModel, as kubectl apply would need
+    return doc["spec"]
+
+
+def test_init_reads_the_onnx_graph_and_writes_a_commented_manifest(tmp_path: Path) -> None:
+    model = _onnx(tmp_path)
+    code, _, err = _cli("init", str(model))
+    assert code == 0, err
+    out = tmp_path / "classifier.yaml"
+    text = out.read_text()
+    assert text.startswith("# CompiledModel for classifier.onnx") and "kubectl apply" in text
+    spec = _spec(out)
+    assert spec["source"] == {"uri": "classifier.onnx"}
+    (inp,) = spec["inputs"]
+    assert inp["name"] == "image" and inp["shape"] == [-1, 3, 32, 32]
+    assert inp["dynamicDims"] == [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32}]
+    assert spec["fleet"] == {"enabled": True, "precisions": ["fp32"]}
+    # Flags override the guess; an existing file is kept unless told; a wrong dim name is named.
+    code, _, err = _cli("init", str(model), "--dim", "batch=1:4:64", "--precision", "int8")
+    assert code == 2 and "exists: pass --force" in err
+    code, _, err = _cli("init", str(model), "--dim", "batch=1:4:64", "--precision", "int8", "--force")
+    spec = _spec(out)
+    assert spec["inputs"][0]["dynamicDims"][0] | {} == {
+        "axis": 0,
+        "name": "batch",
+        "min": 1,
+        "opt": 4,
+        "max": 64,
+    }
+    assert spec["fleet"]["precisions"] == ["int8"]
+    code, _, err = _cli("init", str(model), "--dim", "seq=1:2:3", "--force")
+    assert code == 2 and "no dynamic dimension of that name" in err and "['batch']" in err
+    code, _, err = _cli("init", str(model), "--dim", "batch=big", "--force")
+    assert code == 2 and "NAME=MIN:OPT:MAX" in err
+
+
+def test_init_takes_the_ranges_a_pt2_records(tmp_path: Path) -> None:
+    code, _, err = _cli("init", str(_pt2(tmp_path)), "--out", str(tmp_path / "m" / "frames.yaml"))
+    assert code == 0, err
+    spec = _spec(tmp_path / "m" / "frames.yaml")
+    assert spec["source"]["uri"] == "../frames.pt2"  # relative to the manifest
+    frames, mask = spec["inputs"]
+    assert (frames["name"], frames["shape"], mask["dtype"]) == ("frames", [-1, -1, 8], "int64")
+    batch, time = frames["dynamicDims"]
+    assert (batch["name"], batch["min"], batch["max"]) == ("batch", 1, 16)
+    assert (time["min"], time["max"]) == (2, 200)  # torch.export's own bounds
+    assert mask["dynamicDims"] == frames["dynamicDims"]  # shared symbols share a name
+    assert (mask["low"], mask["high"]) == (0, 100)
+
+
+def test_run_a_model_file_directly_and_print_its_manifest(tmp_path: Path) -> None:
+    model = _onnx(tmp_path)
+    work = str(tmp_path / ".kompile")
+    code, out, err = _cli("run", str(model), "--json", "--no-register", "--work-dir", work)
+    assert code == 0, err
+    (t,) = __import__("json").loads(out)["targets"]
+    assert t["phase"] == "Succeeded"
+    # backend auto on an ONNX source: inductor (which compiles torch modules) is not offered at all
+    assert [c["backend"] for c in t["candidates"]] == ["onnxruntime"]
+    assert "The manifest this run used" in err and "apiVersion: kompile.dev/v1alpha1" in err
+    assert "reading the ONNX graph of classifier.onnx" in err and "exporting" not in err
+
+
+def test_run_a_pt2_file_with_flags(tmp_path: Path) -> None:
+    model = _pt2(tmp_path)
+    work = str(tmp_path / ".kompile")
+    code, out, err = _cli(
+        "run",
+        str(model),
+        "--json",
+        "--no-register",
+        "--work-dir",
+        work,
+        "--backend",
+        "onnxruntime",
+        "--dim",
+        "frames_dim1=2:16:64",
+    )
+    assert code == 0, err
+    (t,) = __import__("json").loads(out)["targets"]
+    assert t["phase"] == "Succeeded" and t["backend"] == "onnxruntime"
+    assert "{axis: 1, name: frames_dim1, min: 2, opt: 16, max: 64}" in err
+
+
+def test_a_bad_model_file_or_flag_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08garbage")
+    for args in (("init", str(bad)), ("run", str(bad))):
+        code, _, err = _cli(*args)
+        assert code == 2 and "broken.onnx" in err and "Traceback" not in err, err
+    code, _, err = _cli("run", str(tmp_path / "missing.pt2"))
+    assert code == 2 and "no such file" in err
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text("apiVersion: kompile.dev/v1alpha1\n")
+    code, _, err = _cli("run", str(manifest), "--dim", "batch=1:1:2")
+    assert code == 2 and "apply to model files" in err
