@@ -188,8 +188,8 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
     if _any_unstable(status):
         notes.append(
             f"~ never settled: the medians of consecutive timing windows differed by more than "
-            f"{cm.spec.benchmark.settle_tolerance:.0%} "
-            "(a busy machine?); read those figures and speedups as unreliable"
+            f"{cm.spec.benchmark.settle_tolerance:.0%}, or other processes kept more than half a core "
+            "busy (a busy machine); read those figures and speedups as unreliable"
         )
     table.caption = "\n".join(notes)
     return table

@@ -53,3 +53,22 @@ class DataDependentModel(torch.nn.Module):
 
 def data_dependent() -> torch.nn.Module:
     return DataDependentModel().eval()
+
+
+class SmallGRU(torch.nn.Module):
+    """A one-layer GRU over a dynamic time axis, classifying the last step: the recurrent model a
+    newcomer brings, where per-step overhead decides the figures."""
+
+    def __init__(self, features: int = 16, hidden: int = 64, num_classes: int = 5) -> None:
+        super().__init__()
+        self.gru = torch.nn.GRU(features, hidden, batch_first=True)
+        self.head = torch.nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(x)
+        return self.head(out[:, -1])
+
+
+def small_gru() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return SmallGRU().eval()

@@ -55,7 +55,11 @@ class LatencyStats(ApiModel):
     stable: bool | None = Field(
         default=None,
         description="False when the figure never settled: the medians of consecutive timing windows "
-        "kept differing by more than benchmark.settleTolerance (a busy machine?).",
+        "kept differing by more than benchmark.settleTolerance, or other processes kept using more "
+        "than half a core meanwhile (a busy machine).",
+    )
+    busy_cores: float | None = Field(
+        default=None, description="CPU cores other processes used while this figure was timed (mean)."
     )
 
 

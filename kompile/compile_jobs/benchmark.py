@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -61,12 +61,16 @@ def foreign_cpu_seconds() -> float | None:
 class Stability:
     """Keep timing until each runtime's figure settles (as Triton Model Navigator does): the rounds
     come in windows of `window` rounds, and a runtime is stable once the medians of its last two
-    windows differ by at most `tolerance` of their mean. Timing stops when every runtime is
-    stable or `max_rounds` rounds ran; the figures are those of the last two windows."""
+    windows differ by at most `tolerance` of their mean and other processes used at most
+    `max_busy_cores` of CPU meanwhile (a steady neighbour slows every window alike, so agreement
+    alone would not show it). Timing stops when every runtime is stable or `max_rounds` rounds
+    ran; the figures are those of the last two windows."""
 
     window: int
     tolerance: float = 0.10
     max_rounds: int = 80
+    max_busy_cores: float = 0.5
+    probe: Callable[[], float | None] = field(default=foreign_cpu_seconds)
 
     @classmethod
     def for_iterations(cls, iterations: int, tolerance: float, max_iterations: int | None) -> Stability:
@@ -159,23 +163,33 @@ def _time_until_stable(
 ) -> dict[str, LatencyStats]:
     """Windows of rounds until every fn's last two window medians agree, or the bound is hit."""
     windows: list[dict[str, list[int]]] = []
+    busy: list[float] = []  # cores other processes used, per window
     orders = rotating_orders(names, s.max_rounds)
+
+    def stable(name: str) -> bool:
+        medians = [float(np.median(w[name])) for w in windows]
+        return settled(medians, s.tolerance) and max(busy[-2:]) <= s.max_busy_cores
+
     while len(windows) * s.window + s.window <= s.max_rounds:
         start = len(windows) * s.window
         window: dict[str, list[int]] = {n: [] for n in names}
+        loads = []
         for order in orders[start : start + s.window]:
-            _, durations = _timed_round(fns, order, clock, pause_s, settle, _no_probe)
+            load, durations = _timed_round(fns, order, clock, pause_s, settle, s.probe)
+            loads.append(load)
             for n in names:
                 window[n].append(durations[n])
         windows.append(window)
-        if all(settled([float(np.median(w[n])) for w in windows], s.tolerance) for n in names):
+        busy.append(sum(loads) / len(loads))
+        if all(stable(n) for n in names):
             break
     out: dict[str, LatencyStats] = {}
     for n in names:
-        medians = [float(np.median(w[n])) for w in windows]
         kept = [d for w in windows[-2:] for d in w[n]]
         stats = latency_stats(kept, batch_size)
-        out[n] = stats.model_copy(update={"stable": settled(medians, s.tolerance)})
+        out[n] = stats.model_copy(
+            update={"stable": stable(n), "busy_cores": round(sum(busy[-2:]) / len(busy[-2:]), 3)}
+        )
     return out
 
 

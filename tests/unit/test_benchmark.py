@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -141,7 +142,7 @@ def test_timing_goes_on_until_figures_settle_and_marks_those_that_never_do() -> 
     # Disturbed at first, then quiet: settles after its third window.
     late = [9.0] * 5 + [2.0] * 195
     fns = {n: clock.fn(c, calls, n) for n, c in (("steady", steady), ("noisy", noisy), ("late", late))}
-    stability = Stability.for_iterations(10, tolerance=0.1, max_iterations=40)
+    stability = replace(Stability.for_iterations(10, tolerance=0.1, max_iterations=40), probe=lambda: None)
     assert (stability.window, stability.max_rounds) == (5, 40)
     stats = time_interleaved(fns, batch_size=1, warmup=0, iterations=10, clock=clock, stability=stability)
     assert calls.count("noisy") == 40  # it never settled: timed up to the bound
@@ -157,5 +158,25 @@ def test_a_steady_machine_times_no_more_rounds_than_asked() -> None:
     clock = FakeClock()
     calls: list[str] = []
     fns = {n: clock.fn([1.0] * 100, calls, n) for n in ("a", "b")}
-    stats = time_interleaved(fns, 1, 0, 20, clock=clock, stability=Stability.for_iterations(20, 0.1, None))
+    stability = replace(Stability.for_iterations(20, 0.1, None), probe=lambda: None)
+    stats = time_interleaved(fns, 1, 0, 20, clock=clock, stability=stability)
     assert stats["a"].stable is True and calls.count("a") == 20  # two windows of 10, as asked
+
+
+def test_a_steadily_busy_machine_is_not_called_stable() -> None:
+    """A neighbour that keeps one core busy slows every window alike: the medians agree, but the
+    figure is not a quiet machine's, so it is marked (and timed up to the bound)."""
+    from kompile.compile_jobs.benchmark import Stability
+
+    clock = FakeClock()
+    calls: list[str] = []
+    fns = {"a": clock.fn([1.0] * 100, calls, "a")}
+    foreign = iter(range(0, 10**6))  # another process: one more CPU second at every look
+
+    def busy_probe() -> float:
+        return float(next(foreign))
+
+    stability = replace(Stability.for_iterations(4, 0.1, 12), probe=busy_probe)
+    stats = time_interleaved(fns, 1, 0, 4, clock=clock, stability=stability)
+    assert stats["a"].stable is False and calls.count("a") == 12
+    assert stats["a"].busy_cores is not None and stats["a"].busy_cores > 0.5
