@@ -60,33 +60,37 @@ def foreign_cpu_seconds() -> float | None:
 @dataclass
 class Stability:
     """Keep timing until each runtime's figure settles (as Triton Model Navigator does): the rounds
-    come in windows of `window` rounds, and a runtime is stable once the medians of its last two
-    windows differ by at most `tolerance` of their mean and other processes used at most
+    come in windows of `window` rounds, and a runtime is stable once the medians of its last
+    `agree` windows lie within `tolerance` of their mean, other processes used at most
     `max_busy_cores` of CPU meanwhile (a steady neighbour slows every window alike, so agreement
-    alone would not show it). Timing stops when every runtime is stable or `max_rounds` rounds
-    ran; the figures are those of the last two windows."""
+    alone would not show it), and its calls did not scatter: p90 at most (1 + `max_spread`) x p50
+    (a runtime flipping between two speeds can have windows agree by chance, not its figure).
+    Timing stops when every runtime is stable or `max_rounds` rounds ran; the figures are those
+    of the last `agree` windows."""
 
     window: int
     tolerance: float = 0.10
     max_rounds: int = 80
+    agree: int = 3
     max_busy_cores: float = 0.5
+    max_spread: float = 1.0
     probe: Callable[[], float | None] = field(default=foreign_cpu_seconds)
 
     @classmethod
     def for_iterations(cls, iterations: int, tolerance: float, max_iterations: int | None) -> Stability:
-        """Windows of half the asked-for iterations, so a steady machine times as many rounds as
-        before; a noisy one up to `max_iterations` (default 4x)."""
-        window = max(2, -(-iterations // 2))
-        return cls(window, tolerance, max(2 * window, max_iterations or 4 * iterations))
+        """Windows of a third of the asked-for iterations, so a steady machine times about as many
+        rounds as before; a noisy one up to `max_iterations` (default 4x)."""
+        window = max(2, -(-iterations // 3))
+        return cls(window, tolerance, max(3 * window, max_iterations or 4 * iterations))
 
 
-def settled(medians: list[float], tolerance: float) -> bool:
-    """Whether the last two window medians agree within `tolerance` of their mean."""
-    if len(medians) < 2:
+def settled(medians: list[float], tolerance: float, agree: int = 3) -> bool:
+    """Whether the last `agree` window medians lie within `tolerance` of their mean."""
+    if len(medians) < agree:
         return False
-    a, b = medians[-2], medians[-1]
-    mean = (a + b) / 2
-    return a == b or (mean > 0 and abs(a - b) / mean <= tolerance)
+    last = medians[-agree:]
+    mean = sum(last) / agree
+    return max(last) == min(last) or (mean > 0 and (max(last) - min(last)) / mean <= tolerance)
 
 
 @dataclass
@@ -168,7 +172,11 @@ def _time_until_stable(
 
     def stable(name: str) -> bool:
         medians = [float(np.median(w[name])) for w in windows]
-        return settled(medians, s.tolerance) and max(busy[-2:]) <= s.max_busy_cores
+        if not settled(medians, s.tolerance, s.agree) or max(busy[-s.agree :]) > s.max_busy_cores:
+            return False
+        kept = np.asarray([d for w in windows[-s.agree :] for d in w[name]], dtype=np.float64)
+        p50, p90 = np.percentile(kept, [50, 90])
+        return bool(p90 <= (1 + s.max_spread) * p50)
 
     while len(windows) * s.window + s.window <= s.max_rounds:
         start = len(windows) * s.window
@@ -184,12 +192,11 @@ def _time_until_stable(
         if all(stable(n) for n in names):
             break
     out: dict[str, LatencyStats] = {}
+    recent = busy[-s.agree :]
     for n in names:
-        kept = [d for w in windows[-2:] for d in w[n]]
-        stats = latency_stats(kept, batch_size)
-        out[n] = stats.model_copy(
-            update={"stable": stable(n), "busy_cores": round(sum(busy[-2:]) / len(busy[-2:]), 3)}
-        )
+        stats = latency_stats([d for w in windows[-s.agree :] for d in w[n]], batch_size)
+        update = {"stable": stable(n), "busy_cores": round(sum(recent) / len(recent), 3)}
+        out[n] = stats.model_copy(update=update)
     return out
 
 
