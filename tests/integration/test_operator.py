@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from devtools.devcluster import ControlPlane
 from kompile.artifact_store import join, write_bytes
-from kompile.devcluster import ControlPlane
 from tests.integration.fleet import (
     CLASSES,
     LOCAL_NODE,

@@ -34,9 +34,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.devcluster import ControlPlane, find_bin_dir
+from devtools.processes import free_port
 from kompile.artifact_store import join, write_bytes
-from kompile.devcluster import ControlPlane, find_bin_dir
-from tests.integration.fleet import CLASSES, LOCAL_NODE, KwokReporter, free_port, success_result, wait_for
+from tests.integration.fleet import CLASSES, LOCAL_NODE, KwokReporter, success_result, wait_for
 from tests.integration.kubelet_standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,7 +260,7 @@ def _answers(url: str) -> bool:
 def _workdir(root: Path) -> Path:
     """A folder that looks like the repository to the commands, so what they write stays out of it."""
     root.mkdir()
-    for name in ("examples", "crds", "helm", "Makefile"):
+    for name in ("examples", "crds", "helm", "devtools", "Makefile"):
         (root / name).symlink_to(ROOT / name)
     scripts = root / "scripts"
     scripts.mkdir()
