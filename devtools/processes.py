@@ -116,10 +116,6 @@ class ManagedProcess:
         self.error = error
         self._proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
     def start(self) -> ManagedProcess:
         with self.log_path.open("ab") as log:
             # A new session makes the process a group leader, so stop() reaches its children too.
