@@ -12,7 +12,7 @@ test:
 	  export KOMPILE_K8S_BIN=$$(scripts/build-control-plane.sh | tail -n 1) && \
 	  export KOMPILE_S3_BIN=$$(scripts/build-s3-server.sh | tail -n 1) && \
 	  scripts/fetch-kserve-crd.sh >/dev/null && scripts/install-tools.sh >/dev/null && \
-	  $$v/bin/ruff check kompile tests benchmarks examples && \
+	  $$v/bin/ruff check kompile tests benchmarks examples devtools && \
 	  $$v/bin/mypy && \
 	  $$v/bin/lint-imports && \
 	  $$v/bin/python -m pytest -q $(PYTEST_ARGS)
@@ -21,7 +21,7 @@ unit:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint:
-	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/ruff check kompile tests benchmarks examples && $$v/bin/mypy && $$v/bin/lint-imports
+	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/ruff check kompile tests benchmarks examples devtools && $$v/bin/mypy && $$v/bin/lint-imports
 
 crds:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/kompile crd --out crds/ && $$v/bin/kompile reference --out docs/reference.md
@@ -32,7 +32,7 @@ control-plane:
 dev-cluster:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && \
 	  export KOMPILE_K8S_BIN=$$(scripts/build-control-plane.sh | tail -n 1) && \
-	  $$v/bin/python -m kompile.devcluster
+	  $$v/bin/python -m devtools.devcluster
 
 mlflow-ui:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && \

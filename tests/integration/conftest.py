@@ -1,4 +1,4 @@
-"""Integration tests run against a real control plane (kompile.devcluster), one per test session.
+"""Integration tests run against a real control plane (devtools.devcluster), one per test session.
 
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok start on loopback from the
 binaries of scripts/build-control-plane.sh (KOMPILE_K8S_BIN points at them; otherwise the script
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from kompile.devcluster import ControlPlane, find_bin_dir
+from devtools.devcluster import ControlPlane, find_bin_dir
 from tests.integration.fleet import FLEET, LOCAL_LABELS, LOCAL_NODE, kwok_node
 from tests.integration.kubelet_standin import KubeletStandIn
 from tests.integration.kwok_stages import write_stages

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +17,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from devtools.processes import ManagedProcess, free_port
 from kompile.api.job_contract import compact_result
 from kompile.api.status import Artifact, LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
 from tests.integration.kwok_stages import EXIT_CODE, MESSAGE
@@ -175,13 +173,6 @@ class KwokReporter:
                 raise
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class OperatorProcess:
     """`kompile operator` as a real process against the test control plane."""
 
@@ -205,29 +196,22 @@ class OperatorProcess:
             "KOMPILE_METRICS_PORT": str(free_port()),
         }
         self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ManagedProcess | None = None
 
     def start(self) -> OperatorProcess:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kompile.cli", "operator"],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        argv = [sys.executable, "-m", "kompile.cli", "operator"]
+        self.proc = ManagedProcess("kompile operator", argv, self.log_path, env=self.env, grace=20.0)
+        self.proc.start()
         return self
 
     def stop(self, hard: bool = False) -> None:
+        """SIGTERM (SIGKILL after a grace period), or with hard=True a SIGKILL at once, as a crash."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if hard:
+            self.proc.kill()
+        else:
+            self.proc.stop()
         self.proc = None
 
     @property

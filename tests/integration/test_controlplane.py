@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kompile.devcluster import KWOK_NODE_SELECTOR, ControlPlane
+from devtools.devcluster import KWOK_NODE_SELECTOR, ControlPlane
 
 NODE = "kwok-smoke-node"
 NAMESPACE = "smoke"

@@ -26,6 +26,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from devtools.devcluster import ControlPlane
 from kompile.api import ManifestError, load_manifest, parse_manifest
 from kompile.api.spec import CompiledModelSpec, Precision, RolloutGate, Source, Target
 from kompile.api.status import (
@@ -44,7 +45,6 @@ from kompile.api.status import (
     Thresholds,
     ValidationResult,
 )
-from kompile.devcluster import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kompile.devcluster import ControlPlane, find_bin_dir
+from devtools.devcluster import ControlPlane, find_bin_dir
 from tests.integration.fleet import LOCAL_NODE, OperatorProcess, small_cnn_manifest, wait_for
 from tests.integration.kubelet_standin import KubeletStandIn
 from tests.support.kserve import KServeControllerStandIn, install_crd

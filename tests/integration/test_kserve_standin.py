@@ -12,10 +12,10 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from devtools.devcluster import ControlPlane
 from kompile.api import parse_manifest
 from kompile.api.spec import Target
 from kompile.api.status import Artifact, RolloutStatus, TargetStatus
-from kompile.devcluster import ControlPlane
 from kompile.operator import rollout
 from kompile.operator.targets import GPU_TOLERATION, ResolvedTarget
 from tests.support.kserve import CRD_NAME, GROUP, PLURAL, VERSION, KServeControllerStandIn, install_crd

@@ -1,6 +1,10 @@
 """The operator on the real control plane (apiserver, controller-manager, scheduler, kwok) with a
 simulated fleet: Jobs per hardware class, real scheduling, a real compile on the stand-in node,
-results into status, the cache, restarts, failures, generations, suspend and deletion."""
+results into status, the cache, restarts, failures, generations, suspend and deletion.
+
+Each test creates the CompiledModels it reads (under its own names) or takes them from a fixture,
+so the tests pass alone and in any order; they share the operator, the fleet and the namespace.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from devtools.devcluster import ControlPlane
 from kompile.artifact_store import join, write_bytes
-from kompile.devcluster import ControlPlane
 from tests.integration.fleet import (
     CLASSES,
     LOCAL_NODE,
@@ -32,14 +36,16 @@ ROOT = Path(__file__).resolve().parents[2]
 NS = "kompile-it"
 GROUP, VERSION, PLURAL = "kompile.dev", "v1alpha1", "compiledmodels"
 TIMINGS: dict[str, float] = {}
-FAIL_TARGETS: set[str] = set()
+FLAKY, FAILING_TARGET = "flaky", "gpu-nvidia-l4-sm89-fp32"
+FAIL_TARGETS = {(FLAKY, FAILING_TARGET)}
+"""(CompiledModel, target) pairs whose compile fails: only that model's target, whatever runs beside it."""
 
 
 def decide(pod: dict[str, Any]) -> tuple[int, str]:
-    """KWOK pods succeed with a plausible result unless the test marked their target to fail."""
+    """KWOK pods succeed with a plausible result unless their (model, target) is in FAIL_TARGETS."""
     labels = pod["metadata"].get("labels", {})
     target = labels.get("kompile.dev/target", "")
-    if target in FAIL_TARGETS:
+    if (labels.get("kompile.dev/compiledmodel", ""), target) in FAIL_TARGETS:
         return 1, "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: out of memory"
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
     t = json.loads(env["KOMPILE_TARGET"])
@@ -105,6 +111,33 @@ def ready(f: dict[str, Any], name: str) -> dict[str, Any] | None:
     return obj if gen_ok and settled and conds.get("Ready", {}).get("status") in ("True", "False") else None
 
 
+def create_settled(f: dict[str, Any], name: str, timeout: float = 300, **spec: Any) -> dict[str, Any]:
+    """Create a fleet-mode CompiledModel and wait until every target has settled and Ready is decided."""
+    f["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest(name, **spec))
+    obj: dict[str, Any] = wait_for(f"{name} settled", lambda: ready(f, name), timeout=timeout)
+    return obj
+
+
+def ready_condition(obj: dict[str, Any]) -> dict[str, Any]:
+    cond: dict[str, Any] = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
+    return cond
+
+
+@pytest.fixture(scope="module")
+def healthy(fleet: dict[str, Any]) -> str:
+    """A CompiledModel all of whose targets compiled and validated (Ready True); tests only read it."""
+    obj = create_settled(fleet, "healthy")
+    assert ready_condition(obj)["status"] == "True", obj["status"]
+    return "healthy"
+
+
+@pytest.fixture(scope="module")
+def flaky(fleet: dict[str, Any]) -> str:
+    """A CompiledModel whose FAILING_TARGET fails to compile and the others succeed; tests only read it."""
+    create_settled(fleet, FLAKY)
+    return FLAKY
+
+
 def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> None:
     began = time.monotonic()
     fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("small"))
@@ -159,14 +192,16 @@ def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> No
 
 
 def test_reapplying_uses_the_cache_and_deleting_removes_jobs(fleet: dict[str, Any]) -> None:
-    fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "small")
+    obj = create_settled(fleet, "reapply")
+    assert ready_condition(obj)["status"] == "True", obj["status"]
+    assert jobs_of(fleet, "reapply")
+    fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "reapply")
     wait_for(
-        "Jobs garbage-collected with their CompiledModel", lambda: not jobs_of(fleet, "small"), timeout=120
+        "Jobs garbage-collected with their CompiledModel", lambda: not jobs_of(fleet, "reapply"), timeout=120
     )
-    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("small"))
-    obj = wait_for("Ready from cache", lambda: ready(fleet, "small"), timeout=120)
+    obj = create_settled(fleet, "reapply", timeout=120)
     assert all(t["cached"] for t in obj["status"]["targets"]), obj["status"]
-    assert not jobs_of(fleet, "small")
+    assert not jobs_of(fleet, "reapply")
 
 
 def test_operator_restart_midway_creates_no_duplicate(fleet: dict[str, Any]) -> None:
@@ -181,18 +216,15 @@ def test_operator_restart_midway_creates_no_duplicate(fleet: dict[str, Any]) -> 
     assert len(names) == len(set(names)) == 5
 
 
-def test_one_failing_target_leaves_the_others(fleet: dict[str, Any]) -> None:
-    FAIL_TARGETS.add("gpu-nvidia-l4-sm89-fp32")
-    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("flaky"))
-    obj = wait_for("settled", lambda: ready(fleet, "flaky"), timeout=300)
+def test_one_failing_target_leaves_the_others(fleet: dict[str, Any], flaky: str) -> None:
+    obj = get(fleet, flaky)
     targets = {t["name"]: t for t in obj["status"]["targets"]}
-    bad = targets["gpu-nvidia-l4-sm89-fp32"]
+    bad = targets[FAILING_TARGET]
     assert bad["phase"] == "Failed" and bad["reason"] == "BackoffLimitExceeded"
     assert "CUDA error: out of memory" in bad["message"]
     assert all(t["phase"] == "Succeeded" for n, t in targets.items() if n != bad["name"])
-    ready_cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
-    assert ready_cond["status"] == "False" and "gpu-nvidia-l4-sm89-fp32" in ready_cond["message"]
-    FAIL_TARGETS.clear()
+    ready_cond = ready_condition(obj)
+    assert ready_cond["status"] == "False" and FAILING_TARGET in ready_cond["message"]
 
 
 def test_new_generation_replaces_jobs_and_suspend_pauses(fleet: dict[str, Any]) -> None:
@@ -217,18 +249,22 @@ def test_new_generation_replaces_jobs_and_suspend_pauses(fleet: dict[str, Any]) 
     assert obj["status"]["observedGeneration"] == 3
 
 
-def test_argocd_health_on_documents_the_operator_wrote(fleet: dict[str, Any]) -> None:
+def test_argocd_health_on_documents_the_operator_wrote(
+    fleet: dict[str, Any], healthy: str, flaky: str
+) -> None:
     from tests.unit.test_health_lua import health
 
-    assert health(get(fleet, "small"))[0] == "Healthy"
-    status, message = health(get(fleet, "flaky"))
-    assert status == "Degraded" and "gpu-nvidia-l4-sm89-fp32" in message
+    assert health(get(fleet, healthy))[0] == "Healthy"
+    status, message = health(get(fleet, flaky))
+    assert status == "Degraded" and FAILING_TARGET in message
     fresh = manifest("fresh")
     fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, fresh)
     assert health(get(fleet, "fresh"))[0] == "Progressing"
 
 
 def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) -> None:
+    obj = create_settled(fleet, "joiner")
+    assert len(obj["status"]["targets"]) == len(CLASSES), obj["status"]
     fleet["core"].create_node(
         kwok_node(
             "a10-0",
@@ -244,7 +280,7 @@ def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) ->
     try:
         obj = wait_for(
             "the new class's target on an existing CompiledModel",
-            lambda: (o := ready(fleet, "small")) and len(o["status"]["targets"]) == 6 and o,
+            lambda: (o := ready(fleet, "joiner")) and len(o["status"]["targets"]) == len(CLASSES) + 1 and o,
             timeout=120,
         )
         new = next(t for t in obj["status"]["targets"] if t["hardwareClass"] == "gpu-nvidia-a10-sm86")

@@ -16,8 +16,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from mlflow import MlflowClient
 
+from devtools.devcluster import ControlPlane
 from kompile.artifact_store import join, write_bytes
-from kompile.devcluster import ControlPlane
 from tests.integration.fleet import (
     KwokReporter,
     OperatorProcess,

@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +33,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.devcluster import ControlPlane, find_bin_dir
+from devtools.processes import free_port, probe
 from kompile.artifact_store import join, write_bytes
-from kompile.devcluster import ControlPlane, find_bin_dir
-from tests.integration.fleet import CLASSES, LOCAL_NODE, KwokReporter, free_port, success_result, wait_for
+from tests.integration.fleet import CLASSES, LOCAL_NODE, KwokReporter, success_result, wait_for
 from tests.integration.kubelet_standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +44,7 @@ TUTORIAL = ROOT / "docs" / "tutorial.md"
 NS = "ml"  # the tutorial's namespace
 RELEASE, SYSTEM_NS = "kompile", "kompile-system"
 LOCAL_CLASS = "cpu-amd64-avx2"  # the kubelet stand-in's class: its targets compile for real
+EXAMPLE = "small-cnn"  # the CompiledModel the tutorial applies (examples/small-cnn.yaml)
 BACKGROUND = "keeps running"  # a command's comment that says it stays in the foreground of its terminal
 STOP = "Ctrl-C"  # a comment line that says to stop what keeps running
 WAIT_TIMEOUT = 660.0  # a command with its own --timeout (the tutorial's longest is 10m)
@@ -126,6 +127,7 @@ class Shell:
     finished: list[Background] = field(default_factory=list)
     done: dict[int, bool] = field(default_factory=dict)  # section -> completed
     outputs: dict[str, str] = field(default_factory=dict)  # command -> stdout
+    after: dict[int, dict[str, Any]] = field(default_factory=dict)  # section -> snapshot() at its end
 
     def export(self, command: Command) -> None:
         name = command.text.removeprefix("export ").split("=", 1)[0]
@@ -157,7 +159,7 @@ class Shell:
         if "kompile operator" in command.text:
             # Ready when its liveness endpoint answers; the next command may rely on it.
             url = f"http://127.0.0.1:{self.env['KOMPILE_HEALTH_PORT']}/healthz"
-            wait_for(f"{command.text} to answer {url}", lambda: self._alive(bg) and _answers(url), 120)
+            wait_for(f"{command.text} to answer {url}", lambda: self._alive(bg) and probe(url) is None, 120)
 
     def _alive(self, bg: Background) -> bool:
         assert bg.proc.poll() is None, f"`{bg.command.text}` exited:\n{bg.log.read_text()[-3000:]}"
@@ -218,7 +220,17 @@ class Shell:
         self.done[number] = False
         for command in commands(number):
             self.step(command)
+        self.after[number] = self.snapshot()
         self.done[number] = True
+
+    def snapshot(self) -> dict[str, Any]:
+        """The example's CompiledModel (None once deleted) and its Jobs as they are now. A section's
+        test reads the snapshot taken at the section's end: a later section changes them (section 4
+        deletes them), and the tests run in any order."""
+        got = self.plane.kubectl("get", "cmodel", EXAMPLE, "-n", NS, "-o", "json", check=False)
+        cmodel = json.loads(got.stdout) if got.returncode == 0 else None
+        jobs = _get(self.plane, "jobs", "-n", NS, "-l", f"kompile.dev/compiledmodel={EXAMPLE}")["items"]
+        return {"cmodel": cmodel, "jobs": jobs}
 
     def step(self, command: Command) -> None:
         if command.stop:
@@ -245,21 +257,13 @@ class Shell:
             assert result.returncode == 0, where
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 # -- fixtures ----------------------------------------------------------------------------------------
 
 
 def _workdir(root: Path) -> Path:
     """A folder that looks like the repository to the commands, so what they write stays out of it."""
     root.mkdir()
-    for name in ("examples", "crds", "helm", "Makefile"):
+    for name in ("examples", "crds", "helm", "devtools", "Makefile"):
         (root / name).symlink_to(ROOT / name)
     scripts = root / "scripts"
     scripts.mkdir()
@@ -405,8 +409,8 @@ def test_make_dev_cluster_starts_a_control_plane(tmp_path: Path) -> None:
 
 def test_section_2_operator_compiles_the_example_per_hardware_class(shell: Shell) -> None:
     shell.section(2)
-    plane = shell.plane
-    obj = _get(plane, "cmodel", "small-cnn", "-n", NS)
+    obj = shell.after[2]["cmodel"]
+    assert obj is not None, "section 2 left no CompiledModel"
     status = obj["status"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "True", status
@@ -418,7 +422,7 @@ def test_section_2_operator_compiles_the_example_per_hardware_class(shell: Shell
     local = [t for t in targets if t["hardwareClass"] == LOCAL_CLASS]
     # This machine's class was compiled for real, on the node whose kubelet is stood in.
     assert {t["precision"] for t in local} == {"fp32", "int8"} and all(t["node"] == LOCAL_NODE for t in local)
-    jobs = _get(plane, "jobs", "-n", NS, "-l", "kompile.dev/compiledmodel=small-cnn")["items"]
+    jobs = shell.after[2]["jobs"]
     assert len(jobs) == len(targets)
     listed = shell.outputs["kubectl get jobs -n ml -l kompile.dev/compiledmodel=small-cnn"]
     assert all(j["metadata"]["name"] in listed for j in jobs)
@@ -430,7 +434,6 @@ def test_section_2_operator_compiles_the_example_per_hardware_class(shell: Shell
 
 def test_section_3_chart_operator_reaches_ready_under_its_service_account(shell: Shell) -> None:
     shell.section(3)
-    plane = shell.plane
     assert "STATUS: deployed" in shell.outputs["helm status kompile -n kompile-system"]
     settings = shell.outputs["kubectl set env deployment/kompile -n kompile-system --list"]
     store = f"file://{shell.cwd}/.kompile/cluster-artifacts"
@@ -441,7 +444,8 @@ def test_section_3_chart_operator_reaches_ready_under_its_service_account(shell:
     context = {c["name"]: c["context"] for c in operator_kubeconfig["contexts"]}
     user = users[context[operator_kubeconfig["current-context"]]["user"]]
     assert set(user) == {"token"}, set(user)
-    obj = _get(plane, "cmodel", "small-cnn", "-n", NS)
+    obj = shell.after[3]["cmodel"]
+    assert obj is not None, "section 3 left no CompiledModel"
     status = obj["status"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True", status
     assert all(t["cached"] and t["reason"] == "CacheHit" for t in status["targets"]), status["targets"]

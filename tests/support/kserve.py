@@ -25,7 +25,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from kompile.devcluster import ControlPlane
+from devtools.devcluster import ControlPlane
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 CRD_NAME = f"{PLURAL}.{GROUP}"

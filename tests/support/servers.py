@@ -6,6 +6,8 @@ temporary folder, each object a file. ``MlflowServer`` runs ``python -m mlflow s
 current interpreter's environment with a SQLite backend store and its artifacts proxied into a bucket
 of an ``S3Server``. Both are context managers, and keep their log files after ``stop()``.
 
+The processes are ``devtools.processes.ManagedProcess``, the same as the dev cluster's.
+
 ``python -m tests.support.servers`` starts both, prints their settings and waits for Ctrl-C (handy
 for looking at the MLflow UI by hand).
 """
@@ -13,7 +15,6 @@ for looking at the MLflow UI by hand).
 from __future__ import annotations
 
 import contextlib
-import http.client
 import importlib.util
 import os
 import secrets
@@ -23,26 +24,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from kompile.devcluster import free_port, log_tail
+from devtools.processes import ManagedProcess, ProcessError, start_on_free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 S3_BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-s3-server.sh"
 S3_BIN_ENV = "KOMPILE_S3_BIN"  # a directory holding a versitygw binary; skips the build script
 MLFLOW_PYTHON_ENV = "KOMPILE_MLFLOW_PYTHON"  # an interpreter with mlflow, when this one has none
 REGION = "us-east-1"
-PORT_ATTEMPTS = 3  # a free port can be taken between picking it and the server binding it
-POLL_SECONDS = 0.05
-# A direct opener: an http_proxy in the environment must not intercept loopback health checks.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL
 
 
-class ServerError(RuntimeError):
+class ServerError(ProcessError):
     """A server binary is missing, failed to start, or did not answer in time."""
 
 
@@ -74,116 +70,6 @@ def find_mlflow_python() -> str:
     return sys.executable
 
 
-def _answers(url: str) -> bool:
-    """True when url answers 200 right now."""
-    try:
-        with _DIRECT.open(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except (OSError, http.client.HTTPException):  # refused, reset, timed out, half-started server
-        return False
-
-
-class _Process:
-    """One server process in its own session (so stop() reaches its children), output to a log file."""
-
-    def __init__(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path
-    ) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.env = dict(env)
-        self.log_path = log_path
-        self.cwd = cwd
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def exit_status(self) -> int | None:
-        """The exit status once the process has exited, else None; never reaps it (see stop())."""
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return None if proc is None else proc.returncode
-        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        return None if info is None else info.si_status
-
-    def wait_healthy(self, url: str, timeout: float) -> None:
-        """Poll url until it answers 200; raise early when the process exits, or after timeout."""
-        deadline = time.monotonic() + timeout
-        while not _answers(url):
-            if self.exit_status() is not None:
-                raise self.failure("exited before it answered")
-            if time.monotonic() > deadline:
-                raise self.failure(f"did not answer {url} within {timeout:.0f}s")
-            time.sleep(POLL_SECONDS)
-
-    def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM to the process group, SIGKILL to what is left of it after grace seconds."""
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-        _wait_unreaped(proc.pid, grace)
-        # The leader is not reaped yet (alive or a zombie), so its pid, the group's id, cannot have
-        # been reused: this SIGKILL reaches only what this process started (e.g. a stuck child).
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-    def failure(self, what: str) -> ServerError:
-        status = "not started" if self._proc is None else f"exit status {self.exit_status()}"
-        return ServerError(
-            f"{self.name} {what} ({status}); log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
-        )
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone: nothing left to signal
-        os.killpg(pid, sig)
-
-
-def _wait_unreaped(pid: int, timeout: float) -> None:
-    """Wait up to timeout for a child to exit, leaving it unreaped (a zombie keeps its pid taken)."""
-    deadline = time.monotonic() + timeout
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if time.monotonic() > deadline:
-            return
-        time.sleep(POLL_SECONDS)
-
-
-def _start_on_free_port(
-    name: str,
-    argv_for: Callable[[int], list[str]],
-    env: Mapping[str, str],
-    log_path: Path,
-    cwd: Path,
-    health_path: str,
-    timeout: float,
-) -> tuple[_Process, int]:
-    """Start a server on a free loopback port and wait until it answers; retry a port lost to a race."""
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        port = free_port()
-        proc = _Process(name, argv_for(port), env, log_path, cwd)
-        proc.start()
-        try:
-            proc.wait_healthy(f"http://127.0.0.1:{port}{health_path}", timeout)
-            return proc, port
-        except ServerError:
-            proc.stop()
-            lost_port = "address already in use" in log_tail(log_path, 5).lower()
-            if not lost_port or attempt == PORT_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable: the last attempt returns or raises")
-
-
 class S3Server:
     """versitygw serving buckets from a folder, on a free loopback port, with a random key pair."""
 
@@ -200,7 +86,7 @@ class S3Server:
         self.region = REGION
         self.port = 0
         self.startup_seconds = 0.0
-        self._proc: _Process | None = None
+        self._proc: ManagedProcess | None = None
 
     @property
     def endpoint(self) -> str:
@@ -234,8 +120,16 @@ class S3Server:
                 str(self.data_dir),
             ]
 
-        self._proc, self.port = _start_on_free_port(
-            "versitygw", argv, env, self.log_path, self.work_dir, "/health", self.timeout
+        self._proc, self.port = start_on_free_port(
+            "versitygw",
+            argv,
+            self.log_path,
+            "/health",
+            self.timeout,
+            env=env,
+            cwd=self.work_dir,
+            grace=STOP_GRACE,
+            error=ServerError,
         )
         self.startup_seconds = time.monotonic() - began
         return self
@@ -317,7 +211,7 @@ class MlflowServer:
         self.timeout = timeout
         self.port = 0
         self.startup_seconds = 0.0
-        self._proc: _Process | None = None
+        self._proc: ManagedProcess | None = None
 
     @property
     def tracking_uri(self) -> str:
@@ -358,8 +252,16 @@ class MlflowServer:
             ]
 
         # cwd: anything the server writes relative to it lands in the work dir, not the repository.
-        self._proc, self.port = _start_on_free_port(
-            "mlflow server", argv, env, self.log_path, self.work_dir, "/health", self.timeout
+        self._proc, self.port = start_on_free_port(
+            "mlflow server",
+            argv,
+            self.log_path,
+            "/health",
+            self.timeout,
+            env=env,
+            cwd=self.work_dir,
+            grace=STOP_GRACE,
+            error=ServerError,
         )
         self.startup_seconds = time.monotonic() - began
         return self
