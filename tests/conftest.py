@@ -17,10 +17,10 @@ MLFLOW_TRACKING_UTILS = "mlflow.tracking._tracking_service.utils"  # holds mlflo
 
 @pytest.fixture(autouse=True)
 def _restore_mlflow_tracking_uri() -> Iterator[None]:
-    """mlflow.set_tracking_uri (called by tests that log a source model, and by kompile's models:/
-    source loader) sets a module global and MLFLOW_TRACKING_URI in os.environ, which `kompile run`
-    reads as its --tracking-uri: left set, a later test would register into this test's store. Put
-    both back as they were. Imports nothing: a test that never loaded mlflow has nothing to undo."""
+    """mlflow.set_tracking_uri (called by tests that log a source model) sets a module global and
+    MLFLOW_TRACKING_URI in os.environ, which `kompile run` reads as its --tracking-uri: left set, a
+    later test would register into this test's store. Put both back as they were. Imports nothing:
+    a test that never loaded mlflow has nothing to undo."""
     env = os.environ.get(TRACKING_URI_ENV)
     module = sys.modules.get(MLFLOW_TRACKING_UTILS)
     saved = getattr(module, "_tracking_uri", None)

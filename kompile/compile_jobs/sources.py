@@ -7,10 +7,12 @@ MLflow models (models:/name/version, runs:/id/path), and python://module:factory
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,16 +178,34 @@ def _load_torch_file(path: Path, fmt: str) -> tuple[Any, Any]:
         ) from None
 
 
+@contextlib.contextmanager
+def _mlflow_uris(tracking_uri: str | None) -> Iterator[None]:
+    """MLflow's tracking and registry URIs for one call. mlflow.set_tracking_uri would set them for
+    the whole process and, through the environment, for every child process; a models:/ name
+    resolves through the registry URI, which download_artifacts' own argument does not reach."""
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    before = {n: os.environ.get(n) for n in names}
+    if tracking_uri:
+        os.environ.update(dict.fromkeys(names, tracking_uri))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedSource:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
     try:
-        local = Path(
-            mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir / "mlflow"))
-        )
+        with _mlflow_uris(tracking_uri):
+            local = Path(
+                mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir / "mlflow"))
+            )
     except MlflowException as err:
         raise SourceError(f"spec.source.uri {uri!r}: cannot fetch the MLflow model: {err.message}") from None
     digest = sha256_tree(local)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,40 +20,6 @@ EXAMPLES = ROOT / "examples"
 # The example factories (examples/models) are importable in tests as `models.*`, as in manifests.
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
-# Where ONNX Runtime's static quantization lives: NVIDIA ModelOpt's int8 quantization (TensorRT graph
-# preparation) replaces methods and functions here for the whole process
-# (modelopt.onnx.quantization.ort_patching.patch_ort_modules), and ONNX Runtime's own static int8
-# quantization fails after that ("Quantization parameters are not specified for param input").
-ORT_QUANTIZATION_MODULES = (
-    "onnxruntime.quantization.calibrate",
-    "onnxruntime.quantization.base_quantizer",
-    "onnxruntime.quantization.qdq_quantizer",
-    "onnxruntime.quantization.onnx_quantizer",
-)
-
-
-@pytest.fixture(autouse=True)
-def _restore_onnxruntime_quantization() -> Iterator[None]:
-    """Every test starts with ONNX Runtime's quantization as ONNX Runtime ships it: whatever a test
-    ran through ModelOpt (which patches it in place) is undone after that test, so the ONNX Runtime
-    tests pass in any order. Restores the module functions and class attributes it replaced."""
-    try:
-        modules = [importlib.import_module(name) for name in ORT_QUANTIZATION_MODULES]
-    except ImportError:  # no onnxruntime here: nothing to patch, nothing to restore
-        yield
-        return
-    owners: list[Any] = [*modules]
-    for module in modules:
-        classes = [c for c in vars(module).values() if isinstance(c, type)]
-        owners += [c for c in classes if c.__module__ == module.__name__]
-    saved = [(owner, dict(vars(owner))) for owner in owners]
-    yield
-    for owner, before in saved:
-        for key, value in before.items():
-            if vars(owner).get(key) is not value:
-                setattr(owner, key, value)
-
-
 class RunResult:
     def __init__(self, code: int, stdout: str, stderr: str) -> None:
         self.code, self.stdout, self.stderr = code, stdout, stderr

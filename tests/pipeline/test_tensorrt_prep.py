@@ -158,3 +158,22 @@ def test_bert_tiny_fp16_prepared_and_checked(tmp_path: Path) -> None:
     checked = prepare_and_check(_request((model, path, feeds), tmp_path / "out", target, sig))
     assert checked.check is not None and checked.check.passed, checked.check.failures
     print(f"bert_tiny fp16: min cosine {checked.prepared.record['cpuMinCosine']}")
+
+
+def test_modelopt_int8_leaves_onnxruntime_quantization_as_it_was(
+    cnn: tuple[Any, Path, list[Feeds]], tmp_path: Path
+) -> None:
+    """ModelOpt's int8 quantization patches ONNX Runtime's quantization modules in place; in one
+    kompile run a TensorRT int8 candidate came before an ONNX Runtime static int8 one, which then
+    failed ("Quantization parameters are not specified"). The preparation must undo the patches."""
+    from kompile.compile_jobs.backends.base import get_backend
+
+    target = Target(name="gpu-int8", backend="tensorrt", precision="int8")
+    prepare_and_check(_request(cnn, tmp_path / "trt", target, [IMAGE]))
+    ort_target = Target(name="cpu-int8", backend="onnxruntime", precision="int8", quantization="static")
+    _, path, feeds = cnn
+    request = compile_request(
+        ort_target, onnx_path=path, out_dir=tmp_path / "ort", signature=[IMAGE], feeds=feeds, threads=1
+    )
+    artifact = get_backend("onnxruntime").compile(request)
+    assert artifact.options["quantization"] == "static"

@@ -16,9 +16,11 @@ bf16 tensor is rounded to bf16 and computed in fp32 (what TensorRT stores, not h
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,6 +120,38 @@ def _autocast(src: Path, dst: Path, precision: str, exclude_ops: Sequence[str]) 
     }
 
 
+# Where ONNX Runtime's static quantization lives. ModelOpt's int8 quantization replaces functions
+# and methods here for the whole process (modelopt.onnx.quantization.ort_patching), after which ONNX
+# Runtime's own static int8 quantization fails ("Quantization parameters are not specified"): a run
+# with a TensorRT int8 candidate before an ONNX Runtime one must get ONNX Runtime back as it ships.
+_ORT_QUANTIZATION_MODULES = (
+    "onnxruntime.quantization.calibrate",
+    "onnxruntime.quantization.base_quantizer",
+    "onnxruntime.quantization.qdq_quantizer",
+    "onnxruntime.quantization.onnx_quantizer",
+)
+
+
+@contextlib.contextmanager
+def onnxruntime_quantization_kept() -> Iterator[None]:
+    """Run a block, then restore every function and class attribute of ONNX Runtime's quantization
+    modules that the block replaced."""
+    modules = [importlib.import_module(name) for name in _ORT_QUANTIZATION_MODULES]
+    owners: list[Any] = [*modules]
+    for module in modules:
+        owners += [
+            c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
+        ]
+    saved = [(owner, dict(vars(owner))) for owner in owners]
+    try:
+        yield
+    finally:
+        for owner, before in saved:
+            for key, value in before.items():
+                if vars(owner).get(key) is not value:
+                    setattr(owner, key, value)
+
+
 def _quantize(
     src: Path,
     dst: Path,
@@ -132,17 +166,18 @@ def _quantize(
         raise _modelopt_missing(err) from err
     _quiet_modelopt()
     try:
-        quantize(
-            onnx_path=str(src),
-            quantize_mode="int8",
-            calibration_data=calibration,
-            calibration_method=method,
-            calibration_eps=["cpu"],
-            op_types_to_exclude=list(exclude_ops) or None,
-            high_precision_dtype=high_precision,
-            output_path=str(dst),
-            log_level="WARNING",
-        )
+        with onnxruntime_quantization_kept():
+            quantize(
+                onnx_path=str(src),
+                quantize_mode="int8",
+                calibration_data=calibration,
+                calibration_method=method,
+                calibration_eps=["cpu"],
+                op_types_to_exclude=list(exclude_ops) or None,
+                high_precision_dtype=high_precision,
+                output_path=str(dst),
+                log_level="WARNING",
+            )
     except _TOOL_ERRORS as err:
         raise BackendError(
             f"ModelOpt int8 quantization of {src.name} failed: {err}; exclude the failing op types "
