@@ -33,13 +33,20 @@ def _fake_node(name: str) -> dict[str, Any]:
 
 def _job(name: str) -> dict[str, Any]:
     container = {"name": "main", "image": "busybox:stable", "command": ["true"]}
+    # Pinned to this test's node: other tests' simulated nodes may be up in the same control plane.
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
         "spec": {
             "backoffLimit": 0,
-            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "nodeSelector": {"kubernetes.io/hostname": NODE},
+                }
+            },
         },
     }
 

@@ -173,6 +173,9 @@ def _latency(batch_size: int, p50_ms: float) -> list[LatencyStats]:
             p90_ms=p50_ms * 1.1,
             p99_ms=p50_ms * 1.5,
             throughput=1000.0 * batch_size / p50_ms,
+            spread=0.1,
+            stable=True,
+            busy_cores=0.02,
         )
     ]
 
@@ -200,6 +203,7 @@ def _full_status() -> CompiledModelStatus:
                 max_rel_error=0.003,
                 cosine=0.99987,
                 top_k_agreement=1.0,
+                top_k=5,
                 finite=True,
             )
         ],
@@ -226,6 +230,7 @@ def _full_status() -> CompiledModelStatus:
         latency=_latency(1, 4.25),
         eager_latency=_latency(1, 13.5),
         speedup=3.18,
+        speedup_stable=True,
         validation=validation,
         registered_version="7",
         compile_seconds=41.25,
@@ -247,9 +252,11 @@ def _full_status() -> CompiledModelStatus:
                 min_cosine=0.99987,
                 latency=_latency(1, 4.25),
                 speedup=3.18,
+                speedup_stable=True,
                 artifact_digest="sha256:" + "cd" * 32,
             )
         ],
+        not_offered=["inductor: backend inductor supports ['bf16', 'fp16', 'fp32'], not int8"],
         selection=SelectionStatus(
             policy="maxThroughput",
             batch_size=1,

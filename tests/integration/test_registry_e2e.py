@@ -249,9 +249,12 @@ def test_rollout_canary_promotion_rollback_and_gate(
     # 2. A new generation goes through a canary and is promoted.
     began = time.monotonic()
     _patch_spec(e2e, "serving", {"validation": {"samples": 3}})
-    wait_for("canary", lambda: _rollout(e2e, "serving", "Canary", 2), timeout=300)
-    assert _isvc(e2e, "serving")["spec"]["predictor"]["canaryTrafficPercent"] == 20
-    assert _alias(e2e, "serving-model") == first_version  # not moved before the canary is Ready
+    canary = wait_for("canary", lambda: _rollout(e2e, "serving", "Canary", 2), timeout=300)
+    # Read from the status snapshot that said Canary: the InferenceService itself may already be
+    # promoted by the time a second read reaches it (the stand-in makes canaries Ready at once).
+    (entry,) = canary["status"]["rollouts"]
+    assert entry["canaryTrafficPercent"] == 20 and entry["previousStorageUri"] == first_uri
+    assert _isvc(e2e, "serving")["spec"]["predictor"].get("canaryTrafficPercent") in (20, None)
     obj = wait_for("promoted", lambda: _rollout(e2e, "serving", "Ready", 2), timeout=120)
     timings["new_generation_to_promoted_s"] = round(time.monotonic() - began, 1)
     second_uri = obj["status"]["targets"][0]["artifact"]["uri"]

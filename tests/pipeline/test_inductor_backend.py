@@ -163,7 +163,7 @@ def test_bad_options_say_what_is_accepted(backend: InductorBackend, cnn: Any, tm
     parse = CATALOG["inductor"].parse_options
     with pytest.raises(OptionsError, match=r"unknown inductor option\(s\) \['maxAutoTune'\]; accepted"):
         parse({"maxAutoTune": "true"})
-    with pytest.raises(OptionsError, match=r"option freezing='maybe': use one of \['true', 'false'\]"):
+    with pytest.raises(OptionsError, match=r"option freezing='maybe': use true or false"):
         parse({"freezing": "maybe"})
     with pytest.raises(OptionsError, match="non-negative integer"):
         parse({"intraOpThreads": "-1"})

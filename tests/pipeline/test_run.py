@@ -156,8 +156,7 @@ def test_mlflow_model_source_links_lineage(kompile_run, write_manifest, tmp_path
             small_cnn(), name="model", registered_model_name="small-trained", input_example=example
         )
     doc = small_cnn_doc(source={"uri": "models:/small-trained/1"}, registry={"trackingUri": uri})
-    mlflow.set_tracking_uri(None)  # as a fresh process starts: kompile must not set it for others
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # set by mlflow.set_tracking_uri above: kompile must not
     res = kompile_run(write_manifest(doc))
     assert res.code == 0, res.stderr
     assert "MLFLOW_TRACKING_URI" not in os.environ  # the source loader passed the URI, set nothing
