@@ -52,7 +52,7 @@ WORKDIR /opt/kompile
 COPY requirements/lock.txt requirements/lock.txt
 COPY pyproject.toml README.md ./
 COPY kompile kompile
-RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,s3]"
+RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,openvino,s3]"
 # The example models, so python://models.small:small_cnn resolves as it does in the examples.
 COPY examples/models models
 USER 65532:65532

@@ -1,6 +1,9 @@
 # Fresh machine: `make demo` (embedded pipeline on an example) and `make test` (every test).
 SHELL := /bin/bash
 EXAMPLE ?= examples/resnet50.yaml
+# Tests run in a random order (pytest-randomly): each must set up what it reads. The seed is
+# printed; SEED=<n> repeats an order.
+SEED ?= $(shell date +%s)
 
 .PHONY: demo test lint unit control-plane dev-cluster crds mlflow-ui
 
@@ -15,7 +18,8 @@ test:
 	  $$v/bin/ruff check kompile tests benchmarks examples devtools && \
 	  $$v/bin/mypy && \
 	  $$v/bin/lint-imports && \
-	  $$v/bin/python -m pytest -q $(PYTEST_ARGS)
+	  echo "test order: pytest-randomly seed $(SEED) (again: make test SEED=$(SEED))" && \
+	  $$v/bin/python -m pytest -q --randomly-seed=$(SEED) $(PYTEST_ARGS)
 
 unit:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/python -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -178,6 +178,12 @@ class TargetStatus(ApiModel):
         max_length=8,
         description="Every candidate compiled for this target (empty with a single backend).",
     )
+    not_offered: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Backends backend auto did not offer for this target, each with why (precision, "
+        "device, source kind, or no fast bf16 on this CPU).",
+    )
     selection: SelectionStatus | None = Field(
         default=None, description="How the winner among the candidates was chosen."
     )

@@ -10,6 +10,8 @@ PINNED: dict[str, str] = {
     "onnxruntime": "1.31.1",
     "torch": "2.15.0",
     "nvidia-modelopt": "0.47.0",
+    "openvino": "2026.4.1",
+    "nncf": "3.4.0",
 }
 IMAGE_PROVIDED = frozenset({"tensorrt"})
 """Distributions a compile image's base provides rather than the lock files."""

@@ -58,6 +58,15 @@ def local_cpu_class() -> str:
     return f"cpu-{arch}-{cpu_isa(_cpuinfo()[1], arch)}"
 
 
+# Flags of CPUs that compute bf16 natively; elsewhere bf16 is emulated, slower than fp32.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def has_fast_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX-512 BF16, AMX, or Arm's BF16 extension)."""
+    return any(f in _cpuinfo()[1] for f in BF16_FLAGS)
+
+
 def cpu_description() -> str:
     """The CPU model and the ISA features that shape its figures, e.g. 'AMD EPYC (avx2, avx512f)'."""
     model, flags = _cpuinfo()

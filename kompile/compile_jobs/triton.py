@@ -47,7 +47,7 @@ def _tensor_block(kind: str, tensors: Sequence[TensorSpec], batched: bool) -> st
 
 def config_pbtxt(
     model_name: str,
-    platform: str,
+    platform: str | None,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
     max_batch_size: int,
@@ -57,6 +57,7 @@ def config_pbtxt(
     backend: str | None = None,
     cc_model_filenames: Mapping[str, str] | None = None,
     cuda_graphs: bool = False,
+    parameters: Mapping[str, str] | None = None,
 ) -> str:
     """Triton's config.pbtxt. With max_batch_size > 0 Triton owns axis 0, so dims omit it.
 
@@ -64,10 +65,14 @@ def config_pbtxt(
     says: pytorch for AOTInductor packages). `cc_model_filenames` maps a compute capability ("8.6")
     to the plan built for it, when one model folder holds plans for several GPU classes;
     `cuda_graphs` turns on Triton's CUDA graphs for TensorRT plans (launch overhead matters at
-    small batches).
+    small batches). `parameters` go to the backend as string parameters (OpenVINO's take its
+    runtime properties this way: PERFORMANCE_HINT, INFERENCE_PRECISION_HINT, ...); a backend
+    without a platform (openvino) is named by `backend` alone.
     """
     batched = max_batch_size > 0
-    text = f'name: "{model_name}"\nplatform: "{platform}"\n'
+    text = f'name: "{model_name}"\n'
+    if platform:
+        text += f'platform: "{platform}"\n'
     if backend:
         text += f'backend: "{backend}"\n'
     text += f"max_batch_size: {max_batch_size}\n"
@@ -85,6 +90,8 @@ def config_pbtxt(
     text += f"instance_group [\n  {{\n    count: 1\n    kind: {instance_kind}\n  }}\n]\n"
     if cuda_graphs:
         text += "optimization {\n  cuda {\n    graphs: true\n  }\n}\n"
+    for key, value in (parameters or {}).items():
+        text += f'parameters {{\n  key: "{key}"\n  value {{ string_value: "{value}" }}\n}}\n'
     return text
 
 

@@ -20,6 +20,8 @@ EXAMPLES = ROOT / "examples"
 # The example factories (examples/models) are importable in tests as `models.*`, as in manifests.
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
+
+
 class RunResult:
     def __init__(self, code: int, stdout: str, stderr: str) -> None:
         self.code, self.stdout, self.stderr = code, stdout, stderr
@@ -104,3 +106,36 @@ def torchscript_onnx(
             dynamo=False,
         )
     return path
+
+
+def bert_tiny_case(
+    out: Path, seq: int = 16, batch: int = 2, samples: int = 4
+) -> tuple[Any, Path, list[Any], list[Any]]:
+    """The 2-layer BERT exported with dynamic batch and sequence, reference feeds whose later rows
+    are right-padded (the attention mask must be honoured), and its signature: (module, ONNX path,
+    feeds, signature)."""
+    import numpy as np
+    from models.transformer import bert_tiny  # type: ignore[import-not-found]
+
+    from kompile.api.spec import InputSpec
+
+    rng = np.random.default_rng(0)
+    feeds = []
+    for i in range(samples):
+        mask = np.ones((batch, seq), dtype=np.int64)
+        mask[1:, seq // 2 + i :] = 0
+        feeds.append(
+            {"input_ids": rng.integers(0, 1000, (batch, seq)).astype(np.int64), "attention_mask": mask}
+        )
+    model = bert_tiny()
+    dyn = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "last_hidden_state")}
+    path = torchscript_onnx(model, feeds[0], out / "bert_tiny.onnx", dyn, "last_hidden_state")
+    dims = [
+        {"axis": 0, "name": "batch", "min": 1, "opt": batch, "max": 8},
+        {"axis": 1, "name": "seq", "min": 1, "opt": seq, "max": 128},
+    ]
+    sig = [
+        InputSpec.model_validate({"name": n, "dtype": "int64", "shape": [-1, -1], "dynamicDims": dims})
+        for n in ("input_ids", "attention_mask")
+    ]
+    return model, path, feeds, sig

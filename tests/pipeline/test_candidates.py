@@ -52,6 +52,7 @@ def test_bert_example_runs_end_to_end_with_auto_candidates(kompile_run, write_ma
     auto = by_name["cpu-auto"]
     assert {c["name"]: c["phase"] for c in auto["candidates"]} == {
         "onnxruntime-fp32": "Succeeded",
+        "openvino-fp32": "Succeeded",
         "inductor-fp32": "Succeeded",
     }
     assert auto["backend"] == auto["selection"]["winner"].split("-")[0]

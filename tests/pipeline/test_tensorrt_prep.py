@@ -21,7 +21,7 @@ from kompile.api.spec import InputSpec, Precision, Target, Tolerances  # noqa: E
 from kompile.compile_jobs.backends.base import BackendError, CompileRequest, Feeds  # noqa: E402
 from kompile.compile_jobs.backends.tensorrt import CheckedGraph, prepare_and_check  # noqa: E402
 from kompile.compile_jobs.build import compile_request  # noqa: E402
-from tests.pipeline.conftest import torchscript_onnx  # noqa: E402
+from tests.pipeline.conftest import bert_tiny_case, torchscript_onnx  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
@@ -135,25 +135,7 @@ def test_cpu_validation_can_be_skipped(cnn: tuple[Any, Path, list[Feeds]], tmp_p
 
 
 def test_bert_tiny_fp16_prepared_and_checked(tmp_path: Path) -> None:
-    from models.transformer import bert_tiny
-
-    rng = np.random.default_rng(0)
-    feeds: list[Feeds] = []
-    for i in range(4):
-        mask = np.ones((2, SEQ), dtype=np.int64)
-        mask[1, SEQ // 2 + i :] = 0
-        feeds.append({"input_ids": rng.integers(0, 1000, (2, SEQ)).astype(np.int64), "attention_mask": mask})
-    model = bert_tiny()
-    dyn = {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "last_hidden_state")}
-    path = torchscript_onnx(model, feeds[0], tmp_path / "bert_tiny.onnx", dyn, "last_hidden_state")
-    dims = [
-        {"axis": 0, "name": "batch", "min": 1, "opt": 2, "max": 8},
-        {"axis": 1, "name": "seq", "min": 1, "opt": SEQ, "max": 128},
-    ]
-    sig = [
-        InputSpec.model_validate({"name": n, "dtype": "int64", "shape": [-1, -1], "dynamicDims": dims})
-        for n in ("input_ids", "attention_mask")
-    ]
+    model, path, feeds, sig = bert_tiny_case(tmp_path, SEQ)
     target = Target(name="gpu-fp16", backend="tensorrt", precision="fp16")
     checked = prepare_and_check(_request((model, path, feeds), tmp_path / "out", target, sig))
     assert checked.check is not None and checked.check.passed, checked.check.failures

@@ -104,8 +104,8 @@ def test_tensorrt_version_comes_from_the_gpu_image_setting() -> None:
     )
 
 
-def test_auto_offers_the_same_candidates_as_before() -> None:
-    assert auto_backends("cpu") == ("onnxruntime", "inductor")
+def test_auto_offers_each_device_its_candidates() -> None:
+    assert auto_backends("cpu") == ("onnxruntime", "openvino", "inductor")
     assert auto_backends("cuda") == ("tensorrt", "inductor")
     assert "null" not in auto_backends("cpu") + auto_backends("cuda")
 

@@ -98,7 +98,7 @@ def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
     assert g.tolerations[0]["key"] == "nvidia.com/gpu"
     c = by_name["cpu-arm64-int8"]
     assert not c.gpu and c.target.backend == "auto" and c.node_selector == {"kubernetes.io/arch": "arm64"}
-    assert backends_of(c.target, "cpu") == ["inductor", "onnxruntime"]
+    assert backends_of(c.target, "cpu") == ["inductor", "onnxruntime", "openvino"]
 
 
 def test_explicit_target_keeps_its_selector_and_finds_its_class() -> None:

@@ -102,8 +102,8 @@ class Serving:
 
     kserve_format: str
     """KServe `modelFormat.name` of the InferenceService."""
-    triton_platform: str
-    """`platform` (or `backend`, see triton_backend) of the model's config.pbtxt."""
+    triton_platform: str | None
+    """`platform` of the model's config.pbtxt; None for a backend named by `triton_backend` alone."""
     files: tuple[str, ...]
     """File names inside the Triton version folder (`<model>/1/`), the model file first."""
     triton_backend: str | None = None

@@ -92,6 +92,8 @@ class CompiledArtifact:
     """Compile options actually used, recorded with the artifact."""
     toolchain: dict[str, str] = field(default_factory=dict)
     """Package versions that built it."""
+    serving_parameters: dict[str, str] = field(default_factory=dict)
+    """Parameters for the Triton backend that serves it (its config.pbtxt `parameters`)."""
 
     @property
     def serving(self) -> Serving | None:

@@ -1,0 +1,59 @@
+"""Catalog entry: OpenVINO on CPUs (kompile/compile_jobs/backends/openvino.py)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from kompile.api.catalog.base import BackendEntry, BackendOptions, Count, Flag, Serving
+
+
+class OpenVinoOptions(BackendOptions):
+    """OpenVINO options."""
+
+    case_sensitive: ClassVar[frozenset[str]] = frozenset({"ignoredTypes"})
+
+    performance_hint: Literal["latency", "throughput"] = Field(
+        default="latency", description="OpenVINO's PERFORMANCE_HINT: one request at a time, or many."
+    )
+    intra_op_threads: Count = Field(
+        default=0, description="INFERENCE_NUM_THREADS; 0: the run's threads, else every core."
+    )
+    model_type: Literal["auto", "transformer", "none"] = Field(
+        default="auto",
+        description="int8: NNCF's transformer-aware quantization; auto: detected from the graph.",
+    )
+    preset: Literal["auto", "performance", "mixed"] = Field(
+        default="auto",
+        description="int8: symmetric (performance) or asymmetric activations (mixed); auto: mixed for "
+        "transformers, performance otherwise.",
+    )
+    fast_bias_correction: Flag = Field(
+        default=True, description="int8: NNCF's fast bias correction (the slow one is more exact)."
+    )
+    ignored_types: str = Field(
+        default="", description="int8: comma-separated OpenVINO op types NNCF keeps in float."
+    )
+
+
+ENTRY = BackendEntry(
+    name="openvino",
+    summary="OpenVINO IR for CPUs: fp32, bf16 (where the CPU has it), NNCF int8 post-training quantization.",
+    devices=("cpu",),
+    precisions=frozenset({"fp32", "bf16", "int8"}),
+    consumes="onnx",
+    options=OpenVinoOptions,
+    extra="openvino",
+    version_from=("openvino", "nncf"),
+    # Triton's OpenVINO backend (config.pbtxt `backend: "openvino"`, no platform) reads model.xml and
+    # model.bin; KServe's kserve-tritonserver runtime takes it as modelFormat triton (a repository).
+    serving=Serving(
+        kserve_format="triton",
+        triton_platform=None,
+        files=("model.xml", "model.bin"),
+        triton_backend="openvino",
+    ),
+    auto_on=("cpu",),
+    auto_rank=15,
+)

@@ -1,0 +1,140 @@
+"""The OpenVINO backend for real on small models: ONNX export -> IR (fp32 weights), NNCF int8
+calibrated on the reference inputs, bf16 where the CPU has it; the IR loaded back and compared
+with eager; the Triton OpenVINO layout and its config."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+torch = pytest.importorskip("torch")
+
+from kompile.api.spec import InputSpec, Precision, Target  # noqa: E402
+from kompile.compile_jobs import run_results  # noqa: E402
+from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend  # noqa: E402
+from kompile.compile_jobs.build import compile_request  # noqa: E402
+from kompile.compile_jobs.hardware import has_fast_bf16  # noqa: E402
+from kompile.compile_jobs.validate import resolve_thresholds  # noqa: E402
+from tests.pipeline.conftest import bert_tiny_case, small_cnn_doc, torchscript_onnx  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+IMAGE = InputSpec.model_validate(
+    {
+        "name": "input",
+        "shape": [-1, 3, 32, 32],
+        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 16}],
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Feeds]]:
+    from models.small import small_cnn
+
+    rng = np.random.default_rng(0)
+    feeds = [{"input": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)} for _ in range(8)]
+    path = tmp_path_factory.mktemp("cnn") / "small_cnn.onnx"
+    return torchscript_onnx(
+        small_cnn(), feeds[0], path, {"input": {0: "batch"}, "logits": {0: "batch"}}, "logits"
+    ), feeds
+
+
+def _build(cnn: tuple[Path, list[Feeds]], out: Path, precision: Precision, **options: str) -> tuple[Any, Any]:
+    path, feeds = cnn
+    target = Target(name=f"cpu-{precision}", backend="openvino", precision=precision, options=options or None)
+    request = compile_request(target, onnx_path=path, out_dir=out, signature=[IMAGE], feeds=feeds, threads=2)
+    backend = get_backend("openvino")
+    artifact = backend.compile(request)
+    runner = backend.load(artifact, threads=2)
+    outputs = request.reference.with_outputs(f"openvino-{precision}", [runner.run(f) for f in feeds])
+    verdict = run_results.compare(request.reference, outputs, resolve_thresholds(precision))
+    return artifact, verdict
+
+
+def test_fp32_ir_keeps_fp32_weights_and_matches_the_source(
+    cnn: tuple[Path, list[Feeds]], tmp_path: Path
+) -> None:
+    artifact, verdict = _build(cnn, tmp_path, "fp32")
+    assert verdict.passed, verdict.failures
+    assert [name for _, name in artifact.files()] == ["model.xml", "model.bin"]
+    assert all(path.is_file() for path, _ in artifact.files())
+    # fp32 weights: the .bin holds 4 bytes per parameter of the small CNN (not fp16's 2)
+    from models.small import small_cnn
+
+    params = sum(p.numel() for p in small_cnn().parameters())
+    assert artifact.files()[1][0].stat().st_size >= 4 * params * 0.9
+    assert (
+        artifact.options["runtime.INFERENCE_PRECISION_HINT"] == "f32"
+    )  # explicit: bf16 CPUs default to bf16
+    assert artifact.serving_parameters["PERFORMANCE_HINT"] == "LATENCY"
+    assert artifact.toolchain["openvino"] and artifact.toolchain["nncf"]
+
+
+def test_int8_is_calibrated_by_nncf_and_validates(cnn: tuple[Path, list[Feeds]], tmp_path: Path) -> None:
+    artifact, verdict = _build(cnn, tmp_path, "int8")
+    assert verdict.passed, verdict.failures
+    opts = artifact.options
+    assert opts["quantization"] == "nncf-ptq" and int(opts["fakeQuantizeNodes"]) > 0
+    assert (
+        opts["modelType"] == "none" and opts["preset"] == "performance" and opts["calibrationSamples"] == "8"
+    )
+
+
+def test_bf16_only_where_the_cpu_computes_it(cnn: tuple[Path, list[Feeds]], tmp_path: Path) -> None:
+    if has_fast_bf16():
+        artifact, verdict = _build(cnn, tmp_path, "bf16")
+        assert verdict.passed, verdict.failures
+        assert artifact.options["runtime.INFERENCE_PRECISION_HINT"] == "bf16"
+    else:
+        with pytest.raises(BackendError, match="no bf16 instructions"):
+            _build(cnn, tmp_path, "bf16")
+
+
+def test_transformers_are_quantized_in_transformer_mode(tmp_path: Path) -> None:
+    _, path, feeds, sig = bert_tiny_case(tmp_path)
+    target = Target(name="cpu-int8", backend="openvino", precision="int8")
+    request = compile_request(
+        target, onnx_path=path, out_dir=tmp_path / "out", signature=sig, feeds=feeds, threads=2
+    )
+    artifact = get_backend("openvino").compile(request)
+    assert artifact.options["modelType"] == "transformer" and artifact.options["preset"] == "mixed"
+
+
+def test_pipeline_writes_the_triton_openvino_layout(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc(targets=[{"name": "cpu", "backend": "openvino", "precision": "int8"}])
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    repo = Path(t["artifact"]["uri"].removeprefix("file://"))
+    assert sorted(p.name for p in (repo / "small" / "1").iterdir()) == ["model.bin", "model.xml"]
+    config = (repo / "small" / "config.pbtxt").read_text()
+    assert 'backend: "openvino"' in config and "platform:" not in config
+    assert 'key: "PERFORMANCE_HINT"\n  value { string_value: "LATENCY" }' in config
+    assert 'key: "INFERENCE_PRECISION_HINT"' in config and "max_batch_size: 16" in config
+
+
+def test_auto_offers_openvino_and_says_what_it_left_out(
+    kompile_run, write_manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from kompile.compile_jobs import build
+
+    monkeypatch.setattr(build, "has_fast_bf16", lambda: False)  # a CPU class without bf16 units
+    doc = small_cnn_doc(
+        targets=[{"name": "cpu-bf16", "precision": "bf16"}, {"name": "cpu-int8", "precision": "int8"}]
+    )
+    res = kompile_run(write_manifest(doc), "--no-register")
+    by = {t["name"]: t for t in res.status["targets"]}
+    assert by["cpu-bf16"]["phase"] == "Skipped"
+    left_out = " ".join(by["cpu-bf16"]["notOffered"])
+    assert "openvino: " in left_out and "inductor: " in left_out and "no bf16 instructions" in left_out
+    assert {c["backend"] for c in by["cpu-int8"]["candidates"]} == {"onnxruntime", "openvino"}
+    assert any(n.startswith("inductor: ") for n in by["cpu-int8"]["notOffered"])  # no int8 in inductor
+    assert by["cpu-int8"]["phase"] == "Succeeded", by["cpu-int8"]
