@@ -278,12 +278,27 @@ def machine(threads: int) -> dict[str, Any]:
     import torch
 
     from kompile.compile_jobs.backends.onnxruntime import cpu_features
+    from kompile.compile_jobs.hardware import cpu_description
 
     return {
+        "cpu": cpu_description(),
         "cpu_features": cpu_features(),
         "threads": threads,
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """How the figures were taken, printed beside them."""
+    return {
+        "iterations": args.iterations,
+        "warmup": args.warmup,
+        "seq_len": SEQ,
+        "pause_ms": args.pause_ms,
+        "settle_calls": args.settle,
+        "max_foreign_cores": args.max_foreign_cores,
+        "speedup": "eager p50 / runtime p50, interleaved rounds in one run",
     }
 
 
@@ -333,24 +348,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+CaseRunner = Callable[[ModelCase, argparse.Namespace, Path, int], dict[str, Any]]
+
+
+def main(argv: list[str] | None = None, case_runner: CaseRunner | None = None) -> int:
+    """Parse the flags, run each model's case (this script's, or another benchmark's), print JSON."""
     args = parse_args(argv)
     threads = set_threads(args.threads)
+    runner = case_runner or run_case
     with tempfile.TemporaryDirectory(prefix="kompile-bench-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         doc = {
             "machine": machine(threads),
-            "settings": {
-                "iterations": args.iterations,
-                "warmup": args.warmup,
-                "seq_len": SEQ,
-                "pause_ms": args.pause_ms,
-                "settle_calls": args.settle,
-                "max_foreign_cores": args.max_foreign_cores,
-                "speedup": "eager p50 / runtime p50, interleaved rounds in one run",
-            },
-            "models": [run_case(CASES[m], args, work, threads) for m in args.models.split(",")],
+            "settings": settings(args),
+            "models": [runner(CASES[m], args, work, threads) for m in args.models.split(",")],
         }
     emit_json(doc, args.out)
     return 0
