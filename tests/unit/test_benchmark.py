@@ -194,3 +194,17 @@ def test_a_runtime_flipping_between_two_speeds_is_not_stable() -> None:
     stability = replace(Stability.for_iterations(12, 0.1, 24), probe=lambda: None)
     stats = time_interleaved(fns, 1, 0, 12, clock=clock, stability=stability)
     assert stats["a"].p50_ms == 1.0 and stats["a"].p90_ms == 4.0 and stats["a"].stable is False
+
+
+def test_a_runtime_mostly_in_its_slow_mode_is_not_stable_either() -> None:
+    """Most calls slow, a few fast (a GRU whose worker thread usually sleeps): the median sits on
+    the slow mode and the windows agree; the fast calls far below it mark the figure."""
+    from kompile.compile_jobs.benchmark import Stability
+
+    clock = FakeClock()
+    calls: list[str] = []
+    mostly_slow = [0.4 if i % 4 == 0 else 4.0 for i in range(200)]
+    fns = {"a": clock.fn(mostly_slow, calls, "a")}
+    stability = replace(Stability.for_iterations(12, 0.1, 24), probe=lambda: None)
+    stats = time_interleaved(fns, 1, 0, 12, clock=clock, stability=stability)
+    assert stats["a"].p50_ms == 4.0 and stats["a"].stable is False
