@@ -226,6 +226,13 @@ def compare(
             highlight=False,
             soft_wrap=True,
         )
+    if (acc := verdict.task_accuracy) is not None:
+        err_console.print(
+            f"  accuracy on {acc.labelled} labels ({acc.output}): {acc.accuracy:.2f}% against "
+            f"{acc.reference:.2f}%, drop {acc.drop:.2f} points",
+            highlight=False,
+            soft_wrap=True,
+        )
     if not verdict.passed:
         raise _fail("failed: " + "; ".join(verdict.failures), EXIT_TARGET_FAILED)
     err_console.print("[green]passed[/]")

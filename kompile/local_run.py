@@ -185,6 +185,7 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
     notes += [
         f"{t.name}: {t.selection.message}" for t in status.targets if t.selection and t.selection.message
     ]
+    notes += _accuracy_notes(status)
     if _any_unstable(status):
         notes.append(
             f"~ never settled: the medians of consecutive timing windows differed by more than "
@@ -193,6 +194,24 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
         )
     table.caption = "\n".join(notes)
     return table
+
+
+def _accuracy_notes(status: CompiledModelStatus) -> list[str]:
+    """Task accuracy on labelled data, per target: the source's, then each candidate's drop."""
+    notes = []
+    for t in status.targets:
+        acc = t.validation.task_accuracy if t.validation else None
+        rows = [(c.name, c.accuracy, c.accuracy_drop) for c in t.candidates if c.accuracy is not None]
+        if acc is None and not rows:
+            continue
+        if acc is not None and not rows:
+            rows = [(t.backend, acc.accuracy, acc.drop)]
+        source = f" (source {acc.reference:.2f}% on {acc.labelled} labels)" if acc else ""
+        parts = ", ".join(
+            f"{n} {a:.2f}% (drop {d:.2f})" for n, a, d in rows if a is not None and d is not None
+        )
+        notes.append(f"{t.name} accuracy{source}: {parts}")
+    return notes
 
 
 def _p50(latency: list[LatencyStats]) -> str:

@@ -59,6 +59,9 @@ def _metrics(t: TargetStatus) -> dict[str, float]:
     if t.validation and t.validation.outputs:
         out["max_abs_error"] = max(o.max_abs_error for o in t.validation.outputs)
         out["min_cosine"] = min(o.cosine for o in t.validation.outputs)
+    if t.validation and t.validation.task_accuracy:
+        acc = t.validation.task_accuracy
+        out |= {"accuracy": acc.accuracy, "accuracy_drop": acc.drop, "source_accuracy": acc.reference}
     return out
 
 
@@ -277,6 +280,8 @@ def _record_candidate(client: Any, exp_id: str, target_run: str, t: TargetStatus
         "compile_seconds": c.compile_seconds,
         "max_abs_error": c.max_abs_error,
         "min_cosine": c.min_cosine,
+        "accuracy": c.accuracy,
+        "accuracy_drop": c.accuracy_drop,
         **_figures(c.latency),
     }
     params = {

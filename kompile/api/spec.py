@@ -190,6 +190,18 @@ class InputSpec(ApiModel):
 class Validation(ApiModel):
     """How each artifact is checked against the source model."""
 
+    model_config = ApiModel.model_config | {  # type: ignore[assignment]
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _rule(
+                    "!has(self.labelsKey) || has(self.dataset)",
+                    "labelsKey names an array of spec.validation.dataset: set dataset too",
+                    ".labelsKey",
+                )
+            ]
+        }
+    }
+
     dataset: str | None = Field(
         default=None,
         max_length=2048,
@@ -203,9 +215,22 @@ class Validation(ApiModel):
         default="auto",
         description="classification adds top-k agreement; auto decides from the output's shape.",
     )
+    labels_key: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Key of the dataset's integer class labels (one per sample, axis 0): task accuracy "
+        "of the source and of each artifact is computed on them, and the drop is gated by "
+        "tolerances.maxAccuracyDrop (default: 1 point for int8, 0.5 for fp16/bf16, 0.1 for fp32).",
+    )
     tolerances: Tolerances | None = Field(
         default=None, description="Thresholds for every target; unset fields use precision defaults."
     )
+
+    @model_validator(mode="after")
+    def _labels_need_dataset(self) -> Validation:
+        if self.labels_key is not None and self.dataset is None:
+            raise ValueError("spec.validation.labelsKey names an array of the dataset: set dataset too")
+        return self
 
 
 class Benchmark(ApiModel):

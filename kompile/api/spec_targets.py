@@ -97,6 +97,13 @@ class Tolerances(ApiModel):
         description="Smallest share of samples whose top-k classes match (classifier outputs).",
     )
     top_k: int | None = Field(default=None, ge=1, le=100, description="k for top-k agreement.")
+    max_accuracy_drop: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="With labelled reference data (spec.validation.labelsKey): the largest allowed drop "
+        "of task accuracy from the source model's, in percentage points.",
+    )
 
 
 class Candidate(ApiModel):

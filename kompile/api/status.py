@@ -88,6 +88,19 @@ class Thresholds(ApiModel):
     min_cosine: float = Field(description="Smallest allowed cosine similarity.")
     min_top_k_agreement: float | None = Field(default=None, description="Smallest allowed top-k agreement.")
     top_k: int = Field(description="k for top-k agreement.")
+    max_accuracy_drop: float | None = Field(
+        default=None, description="Largest allowed task accuracy drop, in points (labelled data only)."
+    )
+
+
+class TaskAccuracy(ApiModel):
+    """Task accuracy on labelled reference data: the source model's and the artifact's."""
+
+    output: str = Field(description="Output read as class scores (its argmax is the prediction).")
+    labelled: int = Field(description="Number of labelled samples.")
+    reference: float = Field(description="The source model's accuracy, in percent.")
+    accuracy: float = Field(description="The artifact's accuracy, in percent.")
+    drop: float = Field(description="reference - accuracy, in percentage points.")
 
 
 class ValidationResult(ApiModel):
@@ -98,6 +111,9 @@ class ValidationResult(ApiModel):
     outputs: list[OutputCheck] = Field(default_factory=list, description="Figures per output.")
     thresholds: Thresholds = Field(description="Thresholds the figures were held to.")
     failures: list[str] = Field(default_factory=list, description="Which thresholds were missed.")
+    task_accuracy: TaskAccuracy | None = Field(
+        default=None, description="Accuracy against the labels, when the reference data has them."
+    )
 
 
 class Artifact(ApiModel):
@@ -122,6 +138,12 @@ class CandidateStatus(ApiModel):
     compile_seconds: float | None = Field(default=None, description="Time the compile took.")
     max_abs_error: float | None = Field(default=None, description="Largest absolute error seen.")
     min_cosine: float | None = Field(default=None, description="Smallest cosine similarity seen.")
+    accuracy: float | None = Field(
+        default=None, description="Task accuracy on the labelled reference data, in percent."
+    )
+    accuracy_drop: float | None = Field(
+        default=None, description="The source model's accuracy minus this one's, in points."
+    )
     latency: list[LatencyStats] = Field(default_factory=list, description="Latency per batch size.")
     speedup: float | None = Field(default=None, description="Eager p50 / candidate p50, first batch size.")
     speedup_stable: bool | None = Field(

@@ -105,6 +105,8 @@ def _candidate_status(c: TargetStatus, built: BuiltTarget | None, selected: bool
         compile_seconds=c.compile_seconds,
         max_abs_error=max((o.max_abs_error for o in v.outputs), default=None) if v else None,
         min_cosine=min((o.cosine for o in v.outputs), default=None) if v else None,
+        accuracy=v.task_accuracy.accuracy if v and v.task_accuracy else None,
+        accuracy_drop=v.task_accuracy.drop if v and v.task_accuracy else None,
         latency=list(c.latency),
         speedup=c.speedup,
         speedup_stable=c.speedup_stable,

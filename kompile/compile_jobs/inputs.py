@@ -117,3 +117,24 @@ def load_dataset(path: Path, signature: Sequence[InputSpec]) -> list[Feed]:
         raise InputMismatch(f"{path}: inputs disagree on the number of samples (axis 0): {sorted(count)}")
     n = count.pop()
     return [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(n)]
+
+
+def load_labels(path: Path, key: str, samples: int) -> np.ndarray[Any, Any]:
+    """The dataset's integer class labels under `key`: one per sample (axis 0)."""
+    with np.load(path, allow_pickle=False) as data:
+        if key not in data.files:
+            raise InputMismatch(
+                f"{path}: spec.validation.labelsKey is {key!r} and the dataset has no such array "
+                f"(it has {sorted(data.files)})"
+            )
+        labels: np.ndarray[Any, Any] = np.asarray(data[key])
+    if not np.issubdtype(labels.dtype, np.integer) or labels.ndim != 1:
+        raise InputMismatch(
+            f"{path}: labels {key!r} must be a 1-D integer array (one class index per sample), "
+            f"found {labels.dtype} of shape {list(labels.shape)}"
+        )
+    if labels.shape[0] != samples:
+        raise InputMismatch(
+            f"{path}: {labels.shape[0]} labels under {key!r} for {samples} samples; give one per sample"
+        )
+    return labels.astype(np.int64)

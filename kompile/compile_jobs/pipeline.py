@@ -116,12 +116,13 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         registry.tracking_uri if registry else None,
     )
     status.source_digest = loaded.digest
-    feeds = _reference_feeds(cm, opts.base_dir)
+    feeds, labels = _reference_feeds(cm, opts.base_dir)
     onnx_path = _export_if_consumed(cm, loaded, targets, feeds, opts, reporter)
     reference_runner = (
         None if loaded.module is not None or onnx_path is None else _onnx_reference(onnx_path, threads)
     )
     reference = _reference_results(cm, loaded, reference_runner, feeds, onnx_path, reporter)
+    reference.labels = labels
     reference_file = reference.save(opts.work_dir / REFERENCE_FILE)
 
     ctx = BuildContext(
@@ -176,7 +177,8 @@ def _export_if_consumed(
     return path
 
 
-def _reference_feeds(cm: CompiledModel, base_dir: Path) -> list[inputs.Feed]:
+def _reference_feeds(cm: CompiledModel, base_dir: Path) -> tuple[list[inputs.Feed], np.ndarray | None]:
+    """The reference inputs, and their class labels when the dataset names them."""
     v = cm.spec.validation
     if v.dataset:
         path = sources.fetch(
@@ -185,8 +187,12 @@ def _reference_feeds(cm: CompiledModel, base_dir: Path) -> list[inputs.Feed]:
             base_dir,
             cm.spec.registry.s3_endpoint if cm.spec.registry else None,
         )
-        return inputs.load_dataset(path, cm.spec.inputs)
-    return inputs.generate_feeds(cm.spec.inputs, v.samples, v.seed)
+        feeds = inputs.load_dataset(path, cm.spec.inputs)
+        if v.labels_key is None:
+            return feeds, None
+        rows = sum(int(f[cm.spec.inputs[0].name].shape[0]) for f in feeds)
+        return feeds, inputs.load_labels(path, v.labels_key, rows)
+    return inputs.generate_feeds(cm.spec.inputs, v.samples, v.seed), None
 
 
 def _onnx_reference(onnx_path: Path, threads: int) -> Runner:

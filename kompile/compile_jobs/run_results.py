@@ -24,6 +24,7 @@ Feeds = dict[str, Array]
 REFERENCE_FILE = "reference.npz"
 OUTPUTS_FILE = "outputs.npz"
 _META = "__kompile__"
+_LABELS = "labels"
 FORMAT = 1
 
 
@@ -53,6 +54,8 @@ class RunResults:
     """Kept in the reference; an artifact's results carry only their digest."""
     digest: str = ""
     """inputs_digest of the inputs these outputs were computed on."""
+    labels: Array | None = None
+    """Class labels of the inputs (spec.validation.labelsKey), one per row, in sample order."""
 
     def __post_init__(self) -> None:
         if self.inputs and not self.digest:
@@ -67,6 +70,8 @@ class RunResults:
             for i, feed in enumerate(self.inputs):
                 for name, value in feed.items():
                     arrays[f"input/{i}/{name}"] = np.asarray(value)
+            if self.labels is not None:
+                arrays[_LABELS] = np.asarray(self.labels)
         meta = {"format": FORMAT, "label": self.label, "outputNames": self.output_names}
         meta |= {"samples": len(self.outputs), "inputsDigest": self.digest}
         arrays[_META] = np.array(json.dumps(meta))
@@ -84,13 +89,16 @@ class RunResults:
                 samples = int(meta["samples"])
                 outputs = [[data[f"output/{i}/{n}"] for n in names] for i in range(samples)]
                 inputs: list[Feeds] = [{} for _ in range(samples)]
+                labels = data[_LABELS] if _LABELS in data.files else None
                 for key in data.files:
                     if key.startswith("input/"):
                         _, i, name = key.split("/", 2)
                         inputs[int(i)][name] = data[key]
         except (OSError, ValueError, KeyError) as err:
             raise RunResultsError(f"{path}: not kompile run results ({type(err).__name__}: {err})") from None
-        return cls(str(meta["label"]), names, outputs, [f for f in inputs if f], str(meta["inputsDigest"]))
+        return cls(
+            str(meta["label"]), names, outputs, [f for f in inputs if f], str(meta["inputsDigest"]), labels
+        )
 
     def with_outputs(self, label: str, outputs: list[list[Array]]) -> RunResults:
         """Another runner's outputs on these same inputs."""
@@ -111,4 +119,6 @@ def compare(
             f"output names differ: {reference.label} has {reference.output_names}, "
             f"{candidate.label} has {candidate.output_names}"
         )
-    return validate.compare(reference.outputs, candidate.outputs, reference.output_names, thresholds, task)
+    return validate.compare(
+        reference.outputs, candidate.outputs, reference.output_names, thresholds, task, reference.labels
+    )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kompile.api.spec import Tolerances
-from kompile.api.status import OutputCheck, Thresholds, ValidationResult
+from kompile.api.status import OutputCheck, TaskAccuracy, Thresholds, ValidationResult
 from kompile.api.vocabulary import TaskKind as Task
 
 Array = np.ndarray[Any, Any]
@@ -29,12 +29,22 @@ REL_EPS_FLOOR = 1e-12
 _DEFAULTS: dict[str, Thresholds] = {
     # fp32 graph rewrites (fusions, reordered reductions) moved ResNet-50 logits by 7e-5 and BERT-base
     # hidden states by 4e-6 at most; 1e-3 leaves room on outputs of order 100 and still catches bugs.
-    "fp32": Thresholds(max_abs_error=1e-3, min_cosine=0.9999, min_top_k_agreement=1.0, top_k=1),
-    "fp16": Thresholds(max_abs_error=5e-2, min_cosine=0.999, min_top_k_agreement=0.99, top_k=5),
-    "bf16": Thresholds(max_abs_error=2e-1, min_cosine=0.995, min_top_k_agreement=0.99, top_k=5),
+    # With labelled data the task accuracy drop is gated too, in points: fp32 rewrites may flip a
+    # near-tie, lower precisions a few more.
+    "fp32": Thresholds(
+        max_abs_error=1e-3, min_cosine=0.9999, min_top_k_agreement=1.0, top_k=1, max_accuracy_drop=0.1
+    ),
+    "fp16": Thresholds(
+        max_abs_error=5e-2, min_cosine=0.999, min_top_k_agreement=0.99, top_k=5, max_accuracy_drop=0.5
+    ),
+    "bf16": Thresholds(
+        max_abs_error=2e-1, min_cosine=0.995, min_top_k_agreement=0.99, top_k=5, max_accuracy_drop=0.5
+    ),
     # int8: element error scales with each tensor's range (ResNet-50 logits: 3.1 at cosine 0.9997),
     # so no absolute bound by default; cosine and top-k judge it.
-    "int8": Thresholds(max_abs_error=None, min_cosine=0.99, min_top_k_agreement=0.9, top_k=5),
+    "int8": Thresholds(
+        max_abs_error=None, min_cosine=0.99, min_top_k_agreement=0.9, top_k=5, max_accuracy_drop=1.0
+    ),
 }
 
 
@@ -64,11 +74,13 @@ def compare(
     output_names: Sequence[str],
     thresholds: Thresholds,
     task: Task = "auto",
+    labels: Array | None = None,
 ) -> ValidationResult:
     """Hold the candidate's outputs to the reference's, per output, over every sample.
 
     `reference[i][j]` is output j of sample i (each sample may itself be a batch: cosine and top-k
-    are taken per row of the leading axis).
+    are taken per row of the leading axis). With `labels` (one class per row, in sample order) the
+    task accuracy of both is computed and its drop gated too.
     """
     failures: list[str] = []
     if len(reference) != len(candidate):
@@ -83,13 +95,65 @@ def compare(
         check = _measure(name, pairs, thresholds, _is_class_score(pairs[0][0], task))
         checks.append(check)
         failures.extend(_missed(check, thresholds))
+    accuracy = None
+    if labels is not None:
+        accuracy, problem = task_accuracy(reference, candidate, output_names, labels)
+        failures.extend([problem] if problem else _missed_accuracy(accuracy, thresholds))
     return ValidationResult(
         passed=not failures,
         samples=len(reference),
         outputs=checks,
         thresholds=thresholds,
         failures=failures,
+        task_accuracy=accuracy,
     )
+
+
+def _predictions(samples: Sequence[Sequence[Array]], j: int) -> Array:
+    """argmax of output j, one per row, in sample order."""
+    rows = [np.asarray(s[j]) for s in samples]
+    return np.concatenate([np.argmax(r.reshape(-1, r.shape[-1]), axis=-1) for r in rows])
+
+
+def task_accuracy(
+    reference: Sequence[Sequence[Array]],
+    candidate: Sequence[Sequence[Array]],
+    output_names: Sequence[str],
+    labels: Array,
+) -> tuple[TaskAccuracy | None, str | None]:
+    """Accuracy of the source and of the artifact on `labels`, read from the first output that holds
+    one row of class scores per label; or the reason none can be read."""
+    labels = np.asarray(labels).reshape(-1)
+    for j, name in enumerate(output_names):
+        shapes = {np.asarray(s[j]).shape for s in reference if j < len(s)}
+        if len(shapes) != 1:
+            continue
+        shape = shapes.pop()
+        rows_per_sample = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        if not shape or shape[-1] < 2 or rows_per_sample * len(reference) != labels.size:
+            continue
+        ref = _predictions(reference, j)
+        cand = _predictions(candidate, j)
+        if cand.shape != ref.shape:
+            return None, f"output {name!r}: the artifact's predictions do not match the labels in number"
+        ref_acc = float(np.mean(ref == labels)) * 100
+        acc = float(np.mean(cand == labels)) * 100
+        return TaskAccuracy(
+            output=name, labelled=int(labels.size), reference=ref_acc, accuracy=acc, drop=ref_acc - acc
+        ), None
+    return None, (
+        f"no output holds one row of class scores per label ({labels.size} labels): labels need a "
+        "classifier output of shape [samples, classes]; drop spec.validation.labelsKey otherwise"
+    )
+
+
+def _missed_accuracy(acc: TaskAccuracy | None, t: Thresholds) -> list[str]:
+    if acc is None or t.max_accuracy_drop is None or acc.drop <= t.max_accuracy_drop + 1e-9:
+        return []
+    return [
+        f"output {acc.output!r}: accuracy {acc.accuracy:.2f}% vs the source's {acc.reference:.2f}% "
+        f"on {acc.labelled} labels, a drop of {acc.drop:.2f} points > limit {t.max_accuracy_drop:g}"
+    ]
 
 
 def _pairs(

@@ -148,3 +148,52 @@ def test_top_k_never_reaches_the_number_of_classes() -> None:
     result = compare(ref, flipped, ["logits"], t, task="classification")
     assert result.outputs[0].top_k_agreement == 0.75
     assert not result.passed and any("top-1 agreement" in f for f in result.failures), result.failures
+
+
+def _scores(predictions: list[int], classes: int = 4) -> list[list[Array]]:
+    """One sample per prediction: a [1, classes] score row peaked at it."""
+    out = []
+    for p in predictions:
+        row = np.full((1, classes), 0.1, dtype=np.float32)
+        row[0, p] = 0.9
+        out.append([row])
+    return out
+
+
+def test_labels_gate_the_accuracy_drop_in_points() -> None:
+    labels = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1])
+    reference = _scores([0, 1, 2, 3, 0, 1, 2, 3, 0, 2])  # 9 of 10 right: 90%
+    candidate = _scores([0, 1, 2, 3, 0, 1, 2, 3, 1, 2])  # 8 of 10: 80%
+    loose = resolve_thresholds("int8", Tolerances(min_cosine=-1, min_top_k_agreement=0))
+    verdict = compare(reference, candidate, ["logits"], loose, labels=labels)
+    acc = verdict.task_accuracy
+    assert acc is not None and acc.output == "logits" and acc.labelled == 10
+    assert (acc.reference, acc.accuracy) == pytest.approx((90.0, 80.0)) and acc.drop == pytest.approx(10.0)
+    assert not verdict.passed
+    assert verdict.failures == [
+        "output 'logits': accuracy 80.00% vs the source's 90.00% on 10 labels, a drop of 10.00 points "
+        "> limit 1"
+    ]
+    allowed = resolve_thresholds(
+        "int8", Tolerances(min_cosine=-1, min_top_k_agreement=0, max_accuracy_drop=10)
+    )
+    assert compare(reference, candidate, ["logits"], allowed, labels=labels).passed
+    # The same outputs as the source: no drop, and every other check as before.
+    same = compare(reference, reference, ["logits"], default_thresholds("fp32"), labels=labels)
+    assert same.passed and same.task_accuracy is not None and same.task_accuracy.drop == 0
+
+
+def test_accuracy_drop_defaults_by_precision() -> None:
+    drops = [default_thresholds(p).max_accuracy_drop for p in ("fp32", "bf16", "fp16", "int8")]
+    assert drops == [0.1, 0.5, 0.5, 1.0]
+
+
+def test_labels_need_a_class_score_output_of_their_length() -> None:
+    reference = _rng_outputs((1, 16), samples=3)
+    verdict = compare(reference, reference, ["hidden"], default_thresholds("fp32"), labels=np.array([1, 2]))
+    assert not verdict.passed and verdict.task_accuracy is None
+    assert "no output holds one row of class scores per label (2 labels)" in verdict.failures[0]
+    # A batched sample holds one row per label.
+    batched = [[np.eye(4, dtype=np.float32)]]
+    ok = compare(batched, batched, ["logits"], default_thresholds("fp32"), labels=np.arange(4))
+    assert ok.passed and ok.task_accuracy is not None and ok.task_accuracy.reference == 100.0
