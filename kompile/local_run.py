@@ -186,6 +186,7 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
         f"{t.name}: {t.selection.message}" for t in status.targets if t.selection and t.selection.message
     ]
     notes += _accuracy_notes(status)
+    notes += [f"{t.name} did not try {n}" for t in status.targets for n in t.not_offered]
     if _any_unstable(status):
         notes.append(
             f"~ never settled: the medians of consecutive timing windows differed by more than "

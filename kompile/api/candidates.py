@@ -7,10 +7,19 @@ from __future__ import annotations
 from kompile.api.catalog import AUTO, auto_backends, entry, options_for
 from kompile.api.spec import Candidate, Target
 
+# precision: auto tries these in order, expected fastest first; the first that validates ends it.
+LADDER = ("int8", "bf16", "fp16", "fp32")
+
 
 def is_multi(target: Target) -> bool:
     """True when the target is decided by a selection among candidates."""
-    return target.backend == AUTO or bool(target.candidates)
+    return target.backend == AUTO or bool(target.candidates) or target.precision == AUTO
+
+
+def is_generated(target: Target) -> bool:
+    """True when kompile chose the candidates (backend or precision auto, no explicit list): such a
+    target drops what cannot build here without a word, and may add int8 remedies."""
+    return not target.candidates and (target.backend == AUTO or target.precision == AUTO)
 
 
 def _device_option(options: dict[str, str] | None) -> str | None:
@@ -39,14 +48,23 @@ def candidates_of(target: Target, device: str) -> list[Candidate]:
     """The target's candidates: its own list, the device's auto backends, or just itself. An auto
     candidate gets the keys of the target's options that its backend knows."""
     if target.candidates:
-        return list(target.candidates)
-    if target.backend == AUTO:
-        pairs = [(b, options_for(b, target.options)) for b in auto_backends(device)]
+        listed = list(target.candidates)
     else:
-        pairs = [(target.backend, target.options)]
+        if target.backend == AUTO:
+            pairs = [(b, options_for(b, target.options)) for b in auto_backends(device)]
+        else:
+            pairs = [(target.backend, target.options)]
+        listed = [Candidate(backend=b, quantization=target.quantization, options=o or None) for b, o in pairs]
+    if target.precision != AUTO:
+        return [c if c.precision else c.model_copy(update={"precision": target.precision}) for c in listed]
+    # The ladder: each candidate without a precision of its own once per rung, rung by rung.
     return [
-        Candidate(backend=b, precision=target.precision, quantization=target.quantization, options=o or None)
-        for b, o in pairs
+        c.model_copy(update={"precision": rung, "quantization": c.quantization if rung == "int8" else None})
+        if c.precision is None
+        else c
+        for rung in LADDER
+        for c in listed
+        if c.precision in (None, rung)
     ]
 
 

@@ -189,6 +189,9 @@ def compact_result(target: TargetStatus, source_digest: str | None, backend_vers
         lambda: validation.pop("failures", None),
         lambda: each("message", lambda _: None),
         lambda: trim(t.get("selection") or {}, "message", lambda m: m[:300]),
+        # A precision ladder with remedies has a dozen candidates: the essentials of each last.
+        lambda: t.pop("notOffered", None),
+        lambda: t.update(candidates=[_essentials(c) for c in cands]),
     ]
     text = json.dumps(doc, separators=(",", ":"))
     for shrink in shrinkers:
@@ -197,6 +200,11 @@ def compact_result(target: TargetStatus, source_digest: str | None, backend_vers
         shrink()
         text = json.dumps(doc, separators=(",", ":"))
     return text
+
+
+def _essentials(c: dict[str, Any]) -> dict[str, Any]:
+    keep = ("name", "backend", "precision", "phase", "reason", "selected")
+    return {k: c[k] for k in keep if k in c}
 
 
 def parse_compact(text: str) -> tuple[TargetStatus, str | None, str | None]:

@@ -22,6 +22,7 @@ from kompile.api.vocabulary import (
     Precision,
     Quantization,
     SelectionPolicy,
+    TargetPrecision,
     _rule,
 )
 
@@ -180,6 +181,21 @@ class Selection(ApiModel):
     latency_budget_ms: float | None = Field(
         default=None, gt=0, description="maxThroughput: the p90 latency a batch size must stay within."
     )
+    time_budget_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=86400,
+        description="Bound on the time spent building and validating the target's candidates (the "
+        "precision ladder and int8 remedies included): once spent, candidates not yet started are "
+        "skipped with reason BudgetSpent.",
+    )
+    remedies: bool = Field(
+        default=True,
+        description="When a generated int8 candidate (backend or precision auto) fails validation, try "
+        "its backend's remedies in order (per-channel weights, calibrated static QDQ, sensitive layers "
+        "kept in float, mixed int8/bf16), each a candidate of its own, and keep the first that passes. "
+        "An explicit candidates list is built as written.",
+    )
 
     @model_validator(mode="after")
     def _budget(self) -> Selection:
@@ -195,8 +211,8 @@ class Target(ApiModel):
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 _rule(
-                    "!has(self.quantization) || self.precision == 'int8'",
-                    "quantization applies only to precision int8",
+                    "!has(self.quantization) || self.precision == 'int8' || self.precision == 'auto'",
+                    "quantization applies only to precision int8 (or auto, for its int8 rung)",
                     ".quantization",
                 ),
                 _rule(
@@ -229,7 +245,12 @@ class Target(ApiModel):
             f"({_AUTO_HELP}) that support the precision."
         ),
     )
-    precision: Precision = Field(default="fp32", description="Numeric precision of the artifact.")
+    precision: TargetPrecision = Field(
+        default="fp32",
+        description="Numeric precision of the artifact; auto: the fastest candidate of any precision "
+        "that passes this target's tolerances, tried int8 (with its remedies), bf16, fp16, then fp32, "
+        "stopping at the first precision that passes.",
+    )
     quantization: Quantization | None = Field(
         default=None,
         description="int8 only: dynamic (weights) or static (calibrated on reference inputs).",
@@ -256,9 +277,9 @@ class Target(ApiModel):
 
     @model_validator(mode="after")
     def _quantization_needs_int8(self) -> Target:
-        if self.quantization is not None and self.precision != "int8":
+        if self.quantization is not None and self.precision not in ("int8", "auto"):
             raise ValueError(
-                f"target {self.name!r}: quantization applies only to precision int8 "
+                f"target {self.name!r}: quantization applies only to precision int8 (or auto) "
                 f"(precision is {self.precision})"
             )
         if self.candidates and self.backend != "auto":
@@ -286,11 +307,11 @@ class Fleet(ApiModel):
         default="auto",
         description=f"Backend for CPU classes; auto: {' and '.join(auto_backends('cpu'))}.",
     )
-    precisions: list[Precision] = Field(
+    precisions: list[TargetPrecision] = Field(
         default_factory=lambda: ["fp32"],  # type: ignore[arg-type]
         min_length=1,
-        max_length=4,
-        description="Precisions to build for each discovered class.",
+        max_length=5,
+        description="Precisions to build for each discovered class (auto: the fastest that passes).",
     )
     selection: Selection | None = Field(
         default=None, description="How each fleet target's winner among candidates is chosen."

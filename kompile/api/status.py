@@ -22,6 +22,10 @@ VALIDATED = "Validated"
 READY = "Ready"
 
 
+# What status holds per target: the tournament builds no more (kompile.compile_jobs.build).
+CANDIDATES_MAX = 24
+
+
 class Condition(ApiModel):
     """A Kubernetes-style condition."""
 
@@ -197,14 +201,15 @@ class TargetStatus(ApiModel):
     message: str | None = Field(default=None, description="Details, for example the tail of the error.")
     candidates: list[CandidateStatus] = Field(
         default_factory=list,
-        max_length=8,
+        # Eight listed candidates, or a precision ladder with its int8 remedies.
+        max_length=CANDIDATES_MAX,
         description="Every candidate compiled for this target (empty with a single backend).",
     )
     not_offered: list[str] = Field(
         default_factory=list,
         max_length=16,
-        description="Backends backend auto did not offer for this target, each with why (precision, "
-        "device, source kind, or no fast bf16 on this CPU).",
+        description="Candidates backend or precision auto did not offer or try for this target, each "
+        "with why (precision, device, source kind, no fast bf16 on this CPU, or the ladder stopped).",
     )
     selection: SelectionStatus | None = Field(
         default=None, description="How the winner among the candidates was chosen."

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kompile.api.candidates import candidate_targets, is_multi
-from kompile.api.catalog import CATALOG, OptionsError, entry
+from kompile.api.candidates import candidate_targets, is_generated, is_multi
+from kompile.api.catalog import AUTO, CATALOG, OptionsError, entry
 from kompile.api.resource import CompiledModel
-from kompile.api.spec import InputSpec, Target, Validation
-from kompile.api.status import Artifact, TargetStatus, Thresholds
+from kompile.api.spec import InputSpec, Selection, Target, Validation
+from kompile.api.status import CANDIDATES_MAX, Artifact, TargetStatus, Thresholds
+from kompile.api.vocabulary import NAME_MAX
 from kompile.compile_jobs import export, sources, triton, validate
 from kompile.compile_jobs.backends.base import (
     Backend,
@@ -35,6 +36,7 @@ from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunRe
 # Runtimes raise these when an artifact cannot run on the reference inputs.
 RUN_ERRORS = (RuntimeError, ValueError)
 # Reasons an auto target drops a backend silently: auto only offers what can build the target.
+_NOT_OFFERED_MAX = 15  # status.notOffered holds 16; the ladder's own note takes the last
 _SILENT_FOR_AUTO = ("UnsupportedPrecision", "UnsupportedDevice", "UnsupportedSource", "NoFastBf16")
 
 
@@ -69,24 +71,107 @@ def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget
         elif built := build_target(ctx, target, ts, target.name, device):
             planned.built.append(built)
         return planned
-    auto = not target.candidates
-    for cand in candidate_targets(target, device):
+    _Tournament(ctx, planned, device).run()
+    if not planned.candidates:
+        ts.phase, ts.reason = "Skipped", "UnsupportedPrecision"
+        ts.message = f"no backend for {device} can build precision {target.precision}"
+    return planned
+
+
+class _Tournament:
+    """A multi target's candidates built in order: with precision auto, rung by rung of the ladder
+    until one validates; a generated int8 candidate that fails validation followed by its backend's
+    remedies until one passes; nothing new started once the time budget is spent."""
+
+    def __init__(self, ctx: BuildContext, planned: PlannedTarget, device: str) -> None:
+        self.ctx, self.planned, self.device = ctx, planned, device
+        target = planned.target
+        self.generated = is_generated(target)
+        selection = target.selection or Selection()
+        self.budget = selection.time_budget_seconds
+        self.remedies = self.generated and selection.remedies
+        self.started = time.monotonic()
+
+    def run(self) -> None:
+        target, ts = self.planned.target, self.planned.status
+        ladder = target.precision == AUTO
+        passed: str | None = None
+        not_tried: list[str] = []
+        for cand in candidate_targets(target, self.device):
+            if ladder and passed is not None and cand.precision != passed:
+                if cand.precision not in not_tried:
+                    not_tried.append(cand.precision)
+                continue
+            built, cs = self._build(cand)
+            validated = _validated(cs)
+            if not validated and built is not None and cs.reason == "ValidationFailed" and self.remedies:
+                validated = self._remedy(cand, built)
+            if validated and ladder:
+                passed = cand.precision
+        if not_tried:
+            ts.not_offered.append(
+                f"{', '.join(not_tried)}: not tried, {passed} validated first (precision auto stops at "
+                "the first precision that passes; each later one is expected slower)"
+            )
+
+    def _remedy(self, failed: Target, built: BuiltTarget) -> bool:
+        """The failed int8 candidate's remedies in order, until one validates."""
+        for remedy in get_backend(failed.backend).remedies(built.artifact):
+            options = {**(failed.options or {}), **remedy.options}
+            quantization = remedy.quantization or failed.quantization
+            attempt = failed.model_copy(
+                update={
+                    "name": f"{failed.name}-{remedy.name}"[:NAME_MAX].rstrip("-"),
+                    "options": options or None,
+                    "quantization": quantization,
+                }
+            )
+            self.ctx.reporter.stage(
+                f"{self.planned.target.name}/{failed.name}", f"failed validation; trying {remedy.summary}"
+            )
+            _, cs = self._build(attempt)
+            if _validated(cs):
+                return True
+        return False
+
+    def _build(self, cand: Target) -> tuple[BuiltTarget | None, TargetStatus]:
+        """One candidate: skipped (and for a generated target, silently dropped) when it cannot build
+        here, or when the budget is spent; else built, run and compared."""
+        ctx, planned, device = self.ctx, self.planned, self.device
+        ts, target = planned.status, planned.target
         cs = _pending(cand, ctx.hardware_class)
         skip = skip_reason(cand, device, ctx.loaded.module is not None)
-        if auto and skip is None:
+        if self.generated and skip is None:
             skip = slow_here(cand, device)
-        if skip and auto and skip[0] in _SILENT_FOR_AUTO:
-            ts.not_offered.append(f"{cand.backend}: {skip[1]}")
-            continue
+        if skip and self.generated and skip[0] in _SILENT_FOR_AUTO:
+            # The ladder offers every precision to every backend: that one lacks a rung is no news.
+            ladder_gap = target.precision == AUTO and skip[0] == "UnsupportedPrecision"
+            if not ladder_gap and len(ts.not_offered) < _NOT_OFFERED_MAX:
+                what = f"{cand.backend} {cand.precision}" if target.precision == AUTO else cand.backend
+                ts.not_offered.append(f"{what}: {skip[1]}")
+            return None, cs
+        if len(planned.candidates) >= CANDIDATES_MAX:
+            return None, cs
+        spent = time.monotonic() - self.started
+        if skip is None and planned.candidates and spent > self.budget:
+            skip = (
+                "BudgetSpent",
+                (
+                    f"not started: the target's time budget of {self.budget} s was spent ({spent:.0f} s) "
+                    "on the candidates before it (selection.timeBudgetSeconds)"
+                ),
+            )
+        built = None
         if skip:
             cs.phase, cs.reason, cs.message = "Skipped", skip[0], skip[1]
         elif built := build_target(ctx, cand, cs, target.name, device, f"{target.name}/{cand.name}"):
             planned.built.append(built)
         planned.candidates.append(cs)
-    if not planned.candidates:
-        ts.phase, ts.reason = "Skipped", "UnsupportedPrecision"
-        ts.message = f"no backend for {device} can build precision {target.precision}"
-    return planned
+        return built, cs
+
+
+def _validated(cs: TargetStatus) -> bool:
+    return cs.phase == "Succeeded" and cs.validation is not None and cs.validation.passed
 
 
 def _pending(target: Target, hardware_class: str) -> TargetStatus:

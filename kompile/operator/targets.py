@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kompile.api.candidates import needs_gpu
-from kompile.api.spec import CompiledModelSpec, Precision, Target
+from kompile.api.spec import CompiledModelSpec, Target
+from kompile.api.vocabulary import TargetPrecision
 from kompile.operator.fleet import GPU_PRODUCT, GPU_RESOURCE, HardwareClass
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
@@ -75,7 +76,7 @@ def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str
 
 
 def _fleet_target(
-    cls: HardwareClass, spec: CompiledModelSpec, precision: Precision, gpu_runtime: str | None
+    cls: HardwareClass, spec: CompiledModelSpec, precision: TargetPrecision, gpu_runtime: str | None
 ) -> ResolvedTarget:
     fleet = spec.fleet
     assert fleet is not None

@@ -234,3 +234,51 @@ def test_figures_that_never_settle_are_marked_everywhere(kompile_run, write_mani
     row = next(line for line in text.splitlines() if "drifting" in line)
     assert "~" in row, row
     assert "never settled" in text and "CPU: " in text and "threads" in text
+
+
+def test_precision_auto_climbs_the_ladder_and_remedies_stop_at_the_first_pass(
+    kompile_run, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
+    """precision auto: int8 first; a failed generated int8 tries its backend's remedies in order and
+    the first that passes ends the climb, the slower rungs listed as not tried. Without remedies the
+    ladder goes on to bf16, fp16 and fp32 (every rung noisy here, so none passes)."""
+    noisy = {"name": "cpu", "backend": "null", "precision": "auto", "options": {"perturb": "0.5"}}
+    bench = {"batchSizes": [1], "warmup": 1, "iterations": 3, "maxIterations": 3}
+    res = kompile_run(write_manifest(small_cnn_doc(targets=[noisy], benchmark=bench)), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    cands = _by_name(t["candidates"])
+    assert list(cands) == ["null-int8", "null-int8-calmer"]
+    assert cands["null-int8"]["reason"] == "ValidationFailed"
+    assert cands["null-int8-calmer"]["phase"] == "Succeeded" and cands["null-int8-calmer"]["selected"]
+    assert cands["null-int8-calmer"]["options"]["perturb"] == "0.05"
+    assert t["precision"] == "int8" and t["phase"] == "Succeeded"
+    (note,) = t["notOffered"]
+    assert note.startswith("bf16, fp16, fp32: not tried, int8 validated first")
+
+    plain = dict(noisy, selection={"remedies": False})
+    res = kompile_run(
+        write_manifest(small_cnn_doc(targets=[plain], benchmark=bench), "plain.yaml"), "--no-register"
+    )
+    assert res.code == 1
+    (t,) = res.status["targets"]
+    assert [c["name"] for c in t["candidates"]] == ["null-int8", "null-bf16", "null-fp16", "null-fp32"]
+    assert t["reason"] == "NoCandidateValidated" and not t["notOffered"]
+
+
+def test_time_budget_skips_candidates_not_yet_started(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    slow = {"backend": "null", "options": {"compileMs": "1200"}}
+    target = {
+        "name": "cpu",
+        "candidates": [dict(slow, name="first"), dict(slow, name="second"), dict(slow, name="third")],
+        "selection": {"timeBudgetSeconds": 1},
+    }
+    bench = {"batchSizes": [1], "warmup": 1, "iterations": 3, "maxIterations": 3}
+    res = kompile_run(write_manifest(small_cnn_doc(targets=[target], benchmark=bench)), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    cands = _by_name(t["candidates"])
+    assert cands["first"]["phase"] == "Succeeded" and cands["first"]["selected"]
+    for name in ("second", "third"):
+        assert cands[name]["phase"] == "Skipped" and cands[name]["reason"] == "BudgetSpent"
+        assert "time budget of 1 s" in cands[name]["message"]

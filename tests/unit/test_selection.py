@@ -133,3 +133,37 @@ def test_compact_result_keeps_eight_chatty_candidates_under_the_limit() -> None:
     assert all(c.latency and c.latency[0].batch_size == 1 for c in back.candidates)
     assert back.selection is not None and back.selection.winner == "candidate-0"
     assert json.loads(text)["target"]["latency"][0]["p50Ms"] == 3.0
+
+
+def test_compact_result_holds_a_precision_ladder_with_remedies() -> None:
+    """precision auto with int8 remedies: sixteen candidates with long names still fit; each keeps
+    its name and verdict."""
+    cands = [
+        CandidateStatus(
+            name=f"openvino-int8-accuracy-control-mixed-bf16-{i}",
+            backend="openvino",
+            precision="int8",
+            phase="Failed",
+            reason="ValidationFailed",
+            message="output 'last_hidden_state': cosine 0.812345 < limit 0.990000; " * 4,
+            latency=[lat(1, 3.0)],
+            min_cosine=0.81,
+            max_abs_error=1.5,
+            accuracy=91.0,
+            accuracy_drop=2.5,
+            artifact_digest="sha256:" + "b" * 64,
+        )
+        for i in range(16)
+    ]
+    ts = TargetStatus(
+        name="cpu-amd64-avx512vnni-auto",
+        backend="openvino",
+        precision="bf16",
+        phase="Succeeded",
+        candidates=cands,
+        not_offered=["inductor bf16: " + "y" * 200] * 16,
+    )
+    text = compact_result(ts, "sha256:" + "a" * 64, "2026.4.1")
+    assert len(text.encode()) <= TERMINATION_LIMIT
+    back, _, _ = parse_compact(text)
+    assert [(c.name, c.reason) for c in back.candidates] == [(c.name, c.reason) for c in cands]

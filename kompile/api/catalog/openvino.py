@@ -35,11 +35,28 @@ class OpenVinoOptions(BackendOptions):
     ignored_types: str = Field(
         default="", description="int8: comma-separated OpenVINO op types NNCF keeps in float."
     )
+    keep_float: Literal["none", "sensitive"] = Field(
+        default="none",
+        description="int8: sensitive keeps in float the first and last MatMuls, attention's "
+        "softmax-times-values product and every MatMul that feeds a LayerNorm through its residual Add.",
+    )
+    accuracy_control: Flag = Field(
+        default=False,
+        description="int8: NNCF's quantization with accuracy control: each quantized layer's effect "
+        "on the reference outputs is measured and the most harmful go back to float until the cosine "
+        "gate holds.",
+    )
+    float_precision: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="int8: the precision the layers left in float run at; bf16 makes a mixed "
+        "int8/bf16 artifact (CPUs with AVX-512 BF16 or AMX only).",
+    )
 
 
 ENTRY = BackendEntry(
     name="openvino",
-    summary="OpenVINO IR for CPUs: fp32, bf16 (where the CPU has it), NNCF int8 post-training quantization.",
+    summary="OpenVINO IR for CPUs: fp32, bf16 (where the CPU has it), NNCF int8 post-training quantization "
+    "(static; dynamic: int8 weights only).",
     devices=("cpu",),
     precisions=frozenset({"fp32", "bf16", "int8"}),
     consumes="onnx",

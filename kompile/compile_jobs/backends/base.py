@@ -108,6 +108,18 @@ class CompiledArtifact:
         return [(self.model_path, first)] + [(self.model_path.parent / name, name) for name in rest]
 
 
+@dataclass(frozen=True)
+class Remedy:
+    """One known way to win back accuracy an int8 artifact lost: built as a candidate of its own
+    (named `<candidate>-<name>`) with these options over the failed one's."""
+
+    name: str
+    summary: str
+    options: dict[str, str] = field(default_factory=dict)
+    quantization: str | None = None
+    """dynamic or static; None keeps the failed candidate's."""
+
+
 class Runner(Protocol):
     """Executes an artifact; outputs come back in `output_names` order as numpy arrays."""
 
@@ -161,6 +173,11 @@ class Backend(ABC):
             raise BackendError(f"target {target.name!r}: {self.name} builds {builds}, not {target.precision}")
         if not self.supports_device(request.device):
             raise BackendError(f"{self.name} builds for {list(self.entry.devices)}, not {request.device}")
+
+    def remedies(self, failed: CompiledArtifact) -> list[Remedy]:
+        """What to try, in order, when this int8 artifact failed validation; none by default. The
+        recorded options of `failed` say what it already was, so no remedy repeats it."""
+        return []
 
     @abstractmethod
     def compile(self, request: CompileRequest) -> CompiledArtifact:

@@ -28,6 +28,7 @@ from kompile.compile_jobs.backends.base import (
     CompiledArtifact,
     CompileRequest,
     Feeds,
+    Remedy,
     options_of,
 )
 from kompile.compile_jobs.export import eager_outputs
@@ -91,6 +92,16 @@ class NullBackend(Backend):
         return CompiledArtifact(
             backend=self.name, model_path=path, options=record, toolchain={"torch": torch.__version__}
         )
+
+    def remedies(self, failed: CompiledArtifact) -> list[Remedy]:
+        """Stand-in remedies for the orchestration tests: the noise cut to a tenth, then to nothing."""
+        perturb = float(failed.options.get("perturb", "0"))
+        if perturb == 0:
+            return []
+        return [
+            Remedy("calmer", "the stand-in with a tenth of the noise", {"perturb": f"{perturb / 10:g}"}),
+            Remedy("still", "the stand-in without noise", {"perturb": "0"}),
+        ]
 
     def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> NullRunner:
         from pydantic import TypeAdapter

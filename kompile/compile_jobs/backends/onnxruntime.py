@@ -38,6 +38,7 @@ from kompile.compile_jobs.backends.base import (
     CompiledArtifact,
     CompileRequest,
     Feeds,
+    Remedy,
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
@@ -263,6 +264,38 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
     return dst
 
 
+_WEIGHTED_OPS = ("MatMul", "Gemm", "Conv")
+_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization")
+
+
+def sensitive_nodes(graph: onnx.GraphProto) -> list[str]:
+    """The nodes int8 hurts most, kept in float as NNCF and Olive do: the first and last weighted
+    layers, attention's softmax-times-values product, and every layer whose output reaches a
+    LayerNorm through Adds alone (attention output and FFN output projections: the residual stream
+    carries outliers that one int8 scale cannot hold)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    producers = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    weighted = [n for n in graph.node if n.op_type in _WEIGHTED_OPS]
+    keep = {weighted[0].name, weighted[-1].name} if weighted else set()
+
+    def feeds_norm(node: onnx.NodeProto, hops: int = 3) -> bool:
+        nexts = [c for o in node.output for c in consumers.get(o, [])]
+        if any(c.op_type in _NORM_OPS for c in nexts):
+            return True
+        return hops > 0 and any(c.op_type == "Add" and feeds_norm(c, hops - 1) for c in nexts)
+
+    for node in weighted:
+        after_softmax = any(
+            producers.get(i) is not None and producers[i].op_type == "Softmax" for i in node.input
+        )
+        if after_softmax or feeds_norm(node):
+            keep.add(node.name)
+    return [n.name for n in graph.node if n.name in keep]
+
+
 def quantize_static(
     src: Path, inputs: list[str], work: Path, req: CompileRequest, opts: OnnxRuntimeOptions, record: Opts
 ) -> Path:
@@ -281,6 +314,9 @@ def quantize_static(
     symmetric = opts.activation_type == "int8"
     try:
         quant_pre_process(str(src), str(pre), auto_merge=True)
+        excluded = []
+        if opts.keep_float == "sensitive":
+            excluded = sensitive_nodes(onnx.load(str(pre), load_external_data=False).graph)
         ort_quantize_static(
             str(pre),
             str(dst),
@@ -292,6 +328,7 @@ def quantize_static(
             weight_type=QuantType.QInt8,
             calibrate_method=method,
             extra_options={"ActivationSymmetric": symmetric},
+            nodes_to_exclude=excluded,
         )
     except KeyError as err:
         raise BackendError(
@@ -305,6 +342,8 @@ def quantize_static(
     record.update({k: wire[k] for k in ("quantFormat", "activationType", "reduceRange", "calibrationMethod")})
     record.update(quantization="static", weightType="int8", perChannel=str(per_channel).lower())
     record["calibrationSamples"] = str(len(req.calibration))
+    if excluded:
+        record.update(keepFloat=opts.keep_float, floatNodes=str(len(excluded)))
     return dst
 
 
@@ -431,6 +470,28 @@ class OnnxRuntimeBackend(Backend):
                 "cpu": cpu_features(),
             },
         )
+
+    def remedies(self, failed: CompiledArtifact) -> list[Remedy]:
+        """Per-channel weights, then calibrated static QDQ, then static with the sensitive layers in
+        float: each only where the failed build was not that already."""
+        o = failed.options
+        out = []
+        if o.get("quantization") == "dynamic":
+            if o.get("perChannel") == "false":
+                out.append(
+                    Remedy("per-channel", "dynamic int8 with per-channel weights", {"perChannel": "true"})
+                )
+            out.append(Remedy("static", "static int8 calibrated on the reference inputs", {}, "static"))
+        if o.get("keepFloat") != "sensitive":
+            out.append(
+                Remedy(
+                    "keep-sensitive",
+                    "static int8 with the sensitive layers kept in float",
+                    {"keepFloat": "sensitive"},
+                    "static",
+                )
+            )
+        return out
 
     def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> OrtRunner:
         recorded = artifact.options.get("intraOpThreads", "")

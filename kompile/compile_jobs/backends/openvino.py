@@ -31,6 +31,7 @@ from kompile.compile_jobs.backends.base import (
     CompiledArtifact,
     CompileRequest,
     Feeds,
+    Remedy,
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
@@ -55,9 +56,11 @@ def is_transformer(model: ov.Model) -> bool:
 
 
 def runtime_properties(precision: str, opts: OpenVinoOptions, threads: int) -> dict[str, str]:
+    # An int8 model's float layers run at floatPrecision: bf16 there is mixed int8/bf16.
+    hint = _PRECISION_HINT[precision] if precision != "int8" else _PRECISION_HINT[opts.float_precision]
     return {
         "PERFORMANCE_HINT": opts.performance_hint.upper(),
-        "INFERENCE_PRECISION_HINT": _PRECISION_HINT[precision],
+        "INFERENCE_PRECISION_HINT": hint,
         "INFERENCE_NUM_THREADS": str(threads),
         # One stream serves one request at a time at full width: the latency hint's choice, made
         # explicit so the server does the same.
@@ -71,6 +74,8 @@ def quantize(
     """NNCF post-training int8 quantization calibrated on the reference inputs."""
     import nncf
 
+    _nncf_logs_to_stderr()
+
     if not request.calibration:
         raise BackendError("openvino int8 calibrates on reference inputs and the run has none")
     names = [port.get_any_name() for port in model.inputs]
@@ -80,21 +85,25 @@ def quantize(
     transformer = is_transformer(model) if opts.model_type == "auto" else opts.model_type == "transformer"
     preset = opts.preset if opts.preset != "auto" else ("mixed" if transformer else "performance")
     ignored = [t.strip() for t in opts.ignored_types.split(",") if t.strip()]
-    dataset = nncf.Dataset(list(request.calibration), lambda feed: {n: feed[n] for n in names})
+    kept = sensitive_matmuls(model) if opts.keep_float == "sensitive" else []
+    feeds = list(request.calibration)
+    dataset = nncf.Dataset(feeds, lambda feed: {n: feed[n] for n in names})
+    common: dict[str, Any] = {
+        "preset": nncf.QuantizationPreset.MIXED if preset == "mixed" else nncf.QuantizationPreset.PERFORMANCE,
+        "model_type": nncf.ModelType.TRANSFORMER if transformer else None,
+        "subset_size": len(feeds),
+        "fast_bias_correction": opts.fast_bias_correction,
+        "ignored_scope": nncf.IgnoredScope(types=ignored, names=kept, validate=False)
+        if ignored or kept
+        else None,
+    }
     try:
         # NNCF draws progress bars on stdout, which belongs to `kompile run --json`.
         with contextlib.redirect_stdout(sys.stderr):
-            quantized = nncf.quantize(
-                model,
-                dataset,
-                preset=nncf.QuantizationPreset.MIXED
-                if preset == "mixed"
-                else nncf.QuantizationPreset.PERFORMANCE,
-                model_type=nncf.ModelType.TRANSFORMER if transformer else None,
-                subset_size=len(request.calibration),
-                fast_bias_correction=opts.fast_bias_correction,
-                ignored_scope=nncf.IgnoredScope(types=ignored) if ignored else None,
-            )
+            if opts.accuracy_control:
+                quantized = quantize_with_accuracy_control(model, request, names, common, record)
+            else:
+                quantized = nncf.quantize(model, dataset, **common)
     except (*OV_ERRORS, nncf.errors.ValidationError) as err:
         raise BackendError(
             f"NNCF int8 quantization failed: {str(err).strip().splitlines()[0]}; keep op types in float "
@@ -111,7 +120,131 @@ def quantize(
     )
     if ignored:
         record["ignoredTypes"] = ",".join(ignored)
+    if kept:
+        record.update(keepFloat="sensitive", floatMatMuls=str(len(kept)))
     return quantized
+
+
+def compress_weights(model: ov.Model, record: dict[str, str]) -> ov.Model:
+    """int8 weights (asymmetric, per channel), activations and arithmetic in float: no calibration,
+    and on a real sentence encoder the one int8 that kept cosine 0.999 where full int8 fell to 0.81."""
+    import nncf
+
+    _nncf_logs_to_stderr()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    except (*OV_ERRORS, nncf.errors.ValidationError) as err:
+        raise BackendError(
+            f"NNCF int8 weight compression failed: {str(err).strip().splitlines()[0]}"
+        ) from err
+    record.update(quantization="nncf-weights-int8", weightType="int8-asym", activationType="float")
+    return compressed
+
+
+# OpenVINO's LayerNorm after conversion: MVN (then a scale and a shift).
+_NORM_TYPES = {"MVN", "LayerNorm", "NormalizeL2"}
+
+
+def sensitive_matmuls(model: ov.Model) -> list[str]:
+    """MatMuls int8 hurts most (as NNCF's and Olive's recipes keep them): the first and last, the
+    product of attention's softmax with the values, and each MatMul whose output reaches a LayerNorm
+    through Adds alone (attention output and FFN output projections: the residual stream carries
+    outliers one int8 scale cannot hold). On all-MiniLM-L6-v2 these took min cosine from 0.81 to
+    0.998 (measured on real sentences)."""
+    ops = list(model.get_ordered_ops())
+    matmuls = [op for op in ops if op.get_type_name() == "MatMul"]
+
+    def consumers(op: Any) -> list[Any]:
+        return [t.get_node() for out in op.outputs() for t in out.get_target_inputs()]
+
+    def feeds_norm(op: Any, hops: int = 3) -> bool:
+        nexts = consumers(op)
+        if any(n.get_type_name() in _NORM_TYPES for n in nexts):
+            return True
+        return hops > 0 and any(n.get_type_name() == "Add" and feeds_norm(n, hops - 1) for n in nexts)
+
+    def after_softmax(op: Any) -> bool:
+        return any(i.get_source_output().get_node().get_type_name() in _ATTENTION_OPS for i in op.inputs())
+
+    keep = {id(m) for m in matmuls[:1] + matmuls[-1:]}
+    keep |= {id(m) for m in matmuls if after_softmax(m) or feeds_norm(m)}
+    return [m.get_friendly_name() for m in matmuls if id(m) in keep]
+
+
+# Headroom under the gate: NNCF measures under the CPU's default inference precision, and the
+# artifact is then held to the gate by kompile's own validation.
+_ACCURACY_CONTROL_MARGIN = 0.002
+_ACCURACY_CONTROL_STEPS = 8
+
+
+def quantize_with_accuracy_control(
+    model: ov.Model, request: CompileRequest, names: list[str], common: dict[str, Any], record: dict[str, str]
+) -> ov.Model:
+    """NNCF's accuracy-aware quantization with the gate's own metric: the worst per-sample cosine of
+    the outputs against the source model's. NNCF ranks the quantized layers by their effect on it
+    and returns the worst to float, one at a time, until the drop from the float model is within
+    1 - minCosine (less a margin)."""
+    import nncf
+
+    reference = request.reference.outputs
+    feeds = list(request.calibration)
+
+    def validate(compiled: ov.CompiledModel, indices: Any) -> tuple[float, list[float]]:
+        per_sample = []
+        for i in indices:
+            result = compiled({n: feeds[i][n] for n in names})
+            outs = [np.asarray(result[port]) for port in compiled.outputs]
+            per_sample.append(min(_cosine(a, b) for a, b in zip(reference[i], outs, strict=False)))
+        return (min(per_sample) if per_sample else 1.0), per_sample
+
+    from nncf.quantization.advanced_parameters import (
+        AdvancedAccuracyRestorerParameters,
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+    )
+
+    max_drop = max(1e-4, 1.0 - request.thresholds.min_cosine - _ACCURACY_CONTROL_MARGIN)
+    quantized = nncf.quantize_with_accuracy_control(
+        model,
+        nncf.Dataset(feeds, lambda feed: {n: feed[n] for n in names}),
+        nncf.Dataset(list(range(len(feeds)))),
+        validate,
+        max_drop=max_drop,
+        drop_type=nncf.DropType.ABSOLUTE,
+        # SmoothQuant off: with it (the transformer default) reverting a layer restored its weights
+        # but kept the activation scaling, and every step made a real MiniLM worse (423 s, cosine 0).
+        advanced_quantization_parameters=AdvancedQuantizationParameters(
+            smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1)
+        ),
+        # Bounded: each reverted layer costs a validation pass (MiniLM: 3 layers, 135 s in all).
+        advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
+            max_num_iterations=_ACCURACY_CONTROL_STEPS,
+            ranking_subset_size=min(len(feeds), 8),
+            num_ranking_workers=1,
+        ),
+        **common,
+    )
+    record.update(accuracyControl="true", accuracyControlMaxDrop=f"{max_drop:.4g}")
+    return quantized
+
+
+def _cosine(a: Array, b: Array) -> float:
+    x, y = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
+    if nx == 0.0 or ny == 0.0:
+        return 1.0 if nx == ny else 0.0
+    return float(np.dot(x, y) / (nx * ny))
+
+
+def _nncf_logs_to_stderr() -> None:
+    """NNCF's logger writes to the stdout it saw at import, which belongs to `kompile run --json`:
+    point its handlers at stderr (redirect_stdout cannot reach a handler's own stream)."""
+    import logging
+
+    for handler in logging.getLogger("nncf").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+            handler.setStream(sys.stderr)
 
 
 class OvRunner:
@@ -145,7 +278,9 @@ class OpenVinoBackend(Backend):
         self.check_request(request)
         opts = options_of(request, OpenVinoOptions)
         precision = request.target.precision
-        if precision == "bf16" and not has_fast_bf16():
+        if (
+            precision == "bf16" or (precision == "int8" and opts.float_precision == "bf16")
+        ) and not has_fast_bf16():
             raise BackendError(
                 f"this CPU ({cpu_description()}) has no bf16 instructions (AVX-512 BF16 or AMX): "
                 "OpenVINO would run fp32 and call it bf16; build fp32 or int8 for this class"
@@ -156,7 +291,9 @@ class OpenVinoBackend(Backend):
             raise BackendError(f"OpenVINO cannot read the ONNX graph: {str(err).strip()[:400]}") from err
         threads = opts.intra_op_threads or request.threads or available_cores()
         record: dict[str, str] = {"precision": precision, "weights": "fp32"}
-        if precision == "int8":
+        if precision == "int8" and request.target.quantization == "dynamic":
+            model = compress_weights(model, record)
+        elif precision == "int8":
             model = quantize(model, request, opts, record)
         request.out_dir.mkdir(parents=True, exist_ok=True)
         xml = request.out_dir / "model.xml"
@@ -170,6 +307,26 @@ class OpenVinoBackend(Backend):
             toolchain={**self.installed_versions(), "numpy": str(np.__version__), "cpu": cpu_description()},
             serving_parameters=properties,
         )
+
+    def remedies(self, failed: CompiledArtifact) -> list[Remedy]:
+        """The sensitive layers in float (by rule), then NNCF's accuracy control (by measurement),
+        then int8 weights with float compute; float layers at bf16 where the CPU has it fast (mixed
+        int8/bf16), except under accuracy control, which measures at f32."""
+        o = failed.options
+        if o.get("quantization") != "nncf-ptq":
+            return []
+        bf16 = {"floatPrecision": "bf16"} if has_fast_bf16() else {}
+        compute = "bf16" if bf16 else "fp32"
+        out = []
+        if o.get("keepFloat") != "sensitive":
+            summary = f"int8 with the sensitive layers kept in {compute}"
+            out.append(Remedy("keep-sensitive", summary, {"keepFloat": "sensitive", **bf16}, "static"))
+        if o.get("accuracyControl") != "true":
+            out.append(
+                Remedy("accuracy-control", "NNCF accuracy control", {"accuracyControl": "true"}, "static")
+            )
+        out.append(Remedy("weights-only", f"int8 weights with {compute} compute", bf16, "dynamic"))
+        return out
 
     def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> OvRunner:
         properties = {

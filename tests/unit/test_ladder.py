@@ -1,0 +1,96 @@
+"""precision: auto expands to the ladder (int8, bf16, fp16, fp32), and the sensitive-layer rules of
+the int8 remedies pick the layers NNCF and Olive keep in float."""
+
+from __future__ import annotations
+
+import pytest
+
+from kompile.api.candidates import LADDER, candidate_targets, is_generated, is_multi
+from kompile.api.spec import Target
+
+
+def test_precision_auto_expands_each_backend_rung_by_rung() -> None:
+    target = Target(name="cpu", backend="onnxruntime", precision="auto", quantization="static")
+    assert is_multi(target) and is_generated(target)
+    cands = candidate_targets(target, "cpu")
+    assert [c.name for c in cands] == [f"onnxruntime-{p}" for p in LADDER]
+    assert [c.quantization for c in cands] == ["static", None, None, None]  # int8's rung only
+
+
+def test_listed_candidates_keep_their_precision_on_its_rung() -> None:
+    target = Target.model_validate(
+        {
+            "name": "cpu",
+            "precision": "auto",
+            "candidates": [{"backend": "onnxruntime", "precision": "fp32"}, {"backend": "openvino"}],
+        }
+    )
+    assert not is_generated(target)  # a listed set is built as written: no remedies
+    names = [c.name for c in candidate_targets(target, "cpu")]
+    assert names == ["openvino-int8", "openvino-bf16", "openvino-fp16", "onnxruntime-fp32", "openvino-fp32"]
+
+
+def test_quantization_is_refused_beside_a_float_precision_only() -> None:
+    Target(name="a", precision="auto", quantization="dynamic")
+    with pytest.raises(ValueError, match="quantization applies only to precision int8"):
+        Target(name="b", precision="fp32", quantization="dynamic")
+
+
+def _block_graph() -> object:
+    """x -> MatMul(q) -> Softmax -> MatMul(v) -> MatMul(out) -> Add(bias) -> Add(residual) ->
+    LayerNormalization -> MatMul(ffn in) -> Relu -> MatMul(ffn out) -> Add -> Add -> LayerNorm ->
+    MatMul(head): the shape of a transformer block, with weights."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    d = 4
+    w = {f"w{i}": numpy_helper.from_array(np.eye(d, dtype=np.float32), f"w{i}") for i in range(6)}
+    b = numpy_helper.from_array(np.zeros(d, dtype=np.float32), "b")
+    g = numpy_helper.from_array(np.ones(d, dtype=np.float32), "g")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["q"], name="query"),
+        helper.make_node("Softmax", ["q"], ["p"], name="softmax"),
+        helper.make_node("MatMul", ["p", "x"], ["ctx"], name="probs_times_values"),
+        helper.make_node("MatMul", ["ctx", "w1"], ["o"], name="attention_output"),
+        helper.make_node("Add", ["o", "b"], ["ob"], name="bias1"),
+        helper.make_node("Add", ["ob", "x"], ["r1"], name="residual1"),
+        helper.make_node("LayerNormalization", ["r1", "g", "b"], ["n1"], name="norm1", axis=-1),
+        helper.make_node("MatMul", ["n1", "w2"], ["h"], name="ffn_in"),
+        helper.make_node("Relu", ["h"], ["hr"], name="act"),
+        helper.make_node("MatMul", ["hr", "w3"], ["f"], name="ffn_out"),
+        helper.make_node("Add", ["f", "b"], ["fb"], name="bias2"),
+        helper.make_node("Add", ["fb", "n1"], ["r2"], name="residual2"),
+        helper.make_node("LayerNormalization", ["r2", "g", "b"], ["n2"], name="norm2", axis=-1),
+        helper.make_node("MatMul", ["n2", "w4"], ["mid"], name="middle"),
+        helper.make_node("MatMul", ["mid", "w5"], ["y"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [d, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [d, d])],
+        [*w.values(), b, g],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_onnxruntime_keeps_first_last_attention_values_and_residual_feeders_in_float() -> None:
+    pytest.importorskip("onnxruntime")
+    from kompile.compile_jobs.backends.onnxruntime import sensitive_nodes
+
+    model = _block_graph()
+    kept = sensitive_nodes(model.graph)  # type: ignore[attr-defined]
+    assert kept == ["query", "probs_times_values", "attention_output", "ffn_out", "head"]
+
+
+def test_openvino_keeps_the_same_matmuls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ov = pytest.importorskip("openvino")
+    import onnx
+
+    from kompile.compile_jobs.backends.openvino import sensitive_matmuls
+
+    path = tmp_path / "block.onnx"
+    onnx.save(_block_graph(), str(path))  # type: ignore[arg-type]
+    kept = sensitive_matmuls(ov.convert_model(str(path)))
+    # OpenVINO keeps the ONNX node names (the last MatMul is named for the model's output).
+    assert kept == ["query", "probs_times_values", "attention_output", "ffn_out", "y"]
