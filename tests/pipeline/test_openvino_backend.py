@@ -47,9 +47,17 @@ def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Feeds]]:
     ), feeds
 
 
-def _build(cnn: tuple[Path, list[Feeds]], out: Path, precision: Precision, **options: str) -> tuple[Any, Any]:
+def _build(
+    cnn: tuple[Path, list[Feeds]], out: Path, precision: Precision, quantization: Any = None, **options: str
+) -> tuple[Any, Any]:
     path, feeds = cnn
-    target = Target(name=f"cpu-{precision}", backend="openvino", precision=precision, options=options or None)
+    target = Target(
+        name=f"cpu-{precision}",
+        backend="openvino",
+        precision=precision,
+        quantization=quantization,
+        options=options or None,
+    )
     request = compile_request(target, onnx_path=path, out_dir=out, signature=[IMAGE], feeds=feeds, threads=2)
     backend = get_backend("openvino")
     artifact = backend.compile(request)
@@ -86,6 +94,40 @@ def test_int8_is_calibrated_by_nncf_and_validates(cnn: tuple[Path, list[Feeds]],
     assert (
         opts["modelType"] == "none" and opts["preset"] == "performance" and opts["calibrationSamples"] == "8"
     )
+
+
+def test_int8_remedies_build_and_validate(cnn: tuple[Path, list[Feeds]], tmp_path: Path) -> None:
+    """Each remedy the backend offers after a failed int8 builds: accuracy control (NNCF measures
+    the gate's own cosine), and int8 weights with float compute (no FakeQuantize at all)."""
+    plain, _ = _build(cnn, tmp_path / "plain", "int8")
+    names = [r.name for r in get_backend("openvino").remedies(plain)]
+    assert names == ["keep-sensitive", "accuracy-control", "weights-only"]
+    controlled, verdict = _build(cnn, tmp_path / "control", "int8", accuracyControl="true")
+    assert verdict.passed, verdict.failures
+    assert controlled.options["accuracyControl"] == "true"
+    assert float(controlled.options["accuracyControlMaxDrop"]) == pytest.approx(
+        1 - 0.99 - 0.002
+    )  # under the int8 gate
+    weights, verdict = _build(cnn, tmp_path / "weights", "int8", quantization="dynamic")
+    assert verdict.passed, verdict.failures
+    assert (
+        weights.options["quantization"] == "nncf-weights-int8" and "fakeQuantizeNodes" not in weights.options
+    )
+    # A weights-only build is not followed by full-int8 remedies.
+    assert get_backend("openvino").remedies(weights) == []
+
+
+def test_sensitive_matmuls_stay_float_in_a_transformer(tmp_path: Path) -> None:
+    _, path, feeds, sig = bert_tiny_case(tmp_path)
+    options = {"keepFloat": "sensitive", "floatPrecision": "bf16" if has_fast_bf16() else "fp32"}
+    target = Target(name="cpu-int8", backend="openvino", precision="int8", options=options)
+    request = compile_request(
+        target, onnx_path=path, out_dir=tmp_path / "out", signature=sig, feeds=feeds, threads=2
+    )
+    artifact = get_backend("openvino").compile(request)
+    assert artifact.options["keepFloat"] == "sensitive" and int(artifact.options["floatMatMuls"]) >= 4
+    hint = artifact.options["runtime.INFERENCE_PRECISION_HINT"]
+    assert hint == ("bf16" if has_fast_bf16() else "f32")  # the float layers at floatPrecision
 
 
 def test_bf16_only_where_the_cpu_computes_it(cnn: tuple[Path, list[Feeds]], tmp_path: Path) -> None:

