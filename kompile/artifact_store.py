@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from kompile.api.job_contract import RESULT_FILE
+
 Credentials = Mapping[str, str]
 """AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN / AWS_REGION as a Secret holds them."""
 
@@ -74,6 +76,10 @@ def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")
 
 
+def _result_in(root: Path, folder: str) -> list[str]:
+    return [RESULT_FILE] if Path(folder) == root else []
+
+
 def put_tree(
     local_dir: Path, uri: str, endpoint: str | None = None, credentials: Credentials | None = None
 ) -> str:
@@ -82,7 +88,10 @@ def put_tree(
         raise StoreError(f"upload to {uri} failed: {local_dir} is not a folder")
     if not is_s3(uri):
         try:
-            shutil.copytree(local_dir, _local(uri), dirs_exist_ok=True)
+            dst = _local(uri)
+            shutil.copytree(local_dir, dst, dirs_exist_ok=True, ignore=lambda d, _: _result_in(local_dir, d))
+            if (local_dir / RESULT_FILE).is_file():
+                shutil.copyfile(local_dir / RESULT_FILE, dst / RESULT_FILE)  # last, as on S3
         except OSError as err:
             raise StoreError(f"copy to {uri} failed: {err.strerror or type(err).__name__}") from None
         return uri
@@ -91,7 +100,10 @@ def put_tree(
 
     loc = _s3(uri)
     client = s3_client(endpoint, credentials)
-    for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+    # result.json says "validated": it goes up after every file it names, so an upload cut short
+    # (a killed pod) leaves no entry that a cache hit would serve.
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file())
+    for path in sorted(files, key=lambda p: p.relative_to(local_dir).as_posix() == RESULT_FILE):
         key = loc.child(str(path.relative_to(local_dir)))
         try:
             client.upload_file(str(path), loc.bucket, key)
@@ -163,3 +175,28 @@ def write_bytes(
         s3_client(endpoint, credentials).put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
     except (BotoCoreError, ClientError) as err:
         raise _s3_error("write of", uri, err) from None
+
+
+def file_sizes(
+    uri: str, endpoint: str | None = None, credentials: Credentials | None = None
+) -> dict[str, int]:
+    """Every file under the folder `uri`, by path relative to it, with its size in bytes."""
+    if not is_s3(uri):
+        root = _local(uri)
+        try:
+            return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+        except OSError as err:
+            raise StoreError(f"listing of {uri} failed: {err.strerror or type(err).__name__}") from None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = _s3(uri)
+    prefix = loc.key.rstrip("/") + "/"
+    out: dict[str, int] = {}
+    try:
+        pages = s3_client(endpoint, credentials).get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=loc.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                out[str(obj["Key"])[len(prefix) :]] = int(obj["Size"])
+    except (BotoCoreError, ClientError) as err:
+        raise _s3_error("listing of", uri, err) from None
+    return out

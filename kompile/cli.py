@@ -38,7 +38,10 @@ DimOption = Annotated[
 ]
 PrecisionOption = Annotated[
     list[str] | None,
-    typer.Option("--precision", help="Model files: precisions to build (repeatable; default fp32)."),
+    typer.Option(
+        "--precision",
+        help="Model files: precisions to build (repeatable; default fp32; auto: the fastest that passes).",
+    ),
 ]
 BackendOption = Annotated[str, typer.Option(help="Model files: the fleet's backend (default auto).")]
 

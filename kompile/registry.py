@@ -151,6 +151,7 @@ def record(
     )
     lineage = {**source_lineage(client, cm.spec.source.uri), **(lineage or {})}
     parent_tags = {
+        "kompile.run": "generation",
         "kompile.name": cm.metadata.name,
         "kompile.namespace": cm.metadata.namespace or "",
         "kompile.uid": cm.metadata.uid or "",
@@ -163,8 +164,14 @@ def record(
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, tags={"kompile.compiledmodel": cm.metadata.name})
-    parent = client.create_run(
-        exp_id, run_name=cm.metadata.name, tags={k: v for k, v in parent_tags.items() if v}
+    # An operator's generation is recorded once: a retry after a crash finds the parent it wrote.
+    found = _runs(client, exp_id, parent_tags, "kompile.run", "kompile.uid", "kompile.generation")
+    parent = (
+        found[0]
+        if found and cm.metadata.uid
+        else client.create_run(
+            exp_id, run_name=cm.metadata.name, tags={k: v for k, v in parent_tags.items() if v}
+        )
     )
     try:
         for rec in records:
@@ -225,25 +232,34 @@ def _record_target(
     from mlflow.entities import Metric, Param
 
     t = rec.status
-    tags = {"mlflow.parentRunId": parent_id, **_version_tags(cm, t, digest)}
-    run = client.create_run(exp_id, run_name=t.name, tags=tags)
-    run_id = run.info.run_id
-    now = int(time.time() * 1000)
-    try:
-        client.log_batch(
-            run_id,
-            metrics=[Metric(k, v, now, 0) for k, v in _metrics(t).items()],
-            params=[Param(k, str(v)[:6000]) for k, v in rec.params.items()],
-        )
-        client.log_text(run_id, json.dumps(t.to_wire(), indent=2), "result.json")
-        if rec.model_dir is not None:
-            client.log_artifacts(run_id, str(rec.model_dir), artifact_path=f"model/{rec.model_dir.name}")
-        for c in t.candidates:
-            _record_candidate(client, exp_id, run_id, t, c)
-    finally:
-        client.set_terminated(run_id)
+    tags = {"mlflow.parentRunId": parent_id, "kompile.run": "target", **_version_tags(cm, t, digest)}
+    found = _runs(client, exp_id, tags, "kompile.run", "mlflow.parentRunId", "kompile.target")
+    if found:  # recorded before a crash: its figures are there, find its version below
+        run_id = found[0].info.run_id
+    else:
+        run_id = client.create_run(exp_id, run_name=t.name, tags=tags).info.run_id
+        now = int(time.time() * 1000)
+        try:
+            client.log_batch(
+                run_id,
+                metrics=[Metric(k, v, now, 0) for k, v in _metrics(t).items()],
+                params=[Param(k, str(v)[:6000]) for k, v in rec.params.items()],
+            )
+            client.log_text(run_id, json.dumps(t.to_wire(), indent=2), "result.json")
+            if rec.model_dir is not None:
+                client.log_artifacts(run_id, str(rec.model_dir), artifact_path=f"model/{rec.model_dir.name}")
+            for c in t.candidates:
+                _record_candidate(client, exp_id, run_id, t, c)
+        finally:
+            client.set_terminated(run_id)
     if t.artifact is None:
         return  # nothing was built: a failed compile has no version to register
+    existing = [v for v in client.search_model_versions(f"run_id = '{run_id}'") if v.name == name]
+    if existing:
+        t.registered_version = str(existing[0].version)
+        if alias_validated and t.validation is not None and t.validation.passed:
+            client.set_registered_model_alias(name, alias_for(t.name), existing[0].version)
+        return
     # The version's source is the artifact itself where it lives in a store the server can reach
     # (s3://); a local run's artifacts were logged to the run instead.
     source = f"runs:/{run_id}/model" if rec.model_dir is not None else t.artifact.uri
@@ -257,6 +273,17 @@ def _record_target(
     t.registered_version = str(version.version)
     if alias_validated and t.validation is not None and t.validation.passed:
         client.set_registered_model_alias(name, alias_for(t.name), version.version)
+
+
+def _runs(client: Any, exp_id: str, tags: Mapping[str, str], *keys: str) -> list[Any]:
+    """Runs of the experiment whose tags equal `tags` at `keys`, oldest first."""
+    quoted = [f"tags.`{k}` = '{str(tags[k]).replace(chr(39), '')}'" for k in keys if tags.get(k)]
+    if len(quoted) < len(keys):
+        return []
+    runs = client.search_runs(
+        [exp_id], filter_string=" and ".join(quoted), order_by=["attributes.start_time ASC"]
+    )
+    return list(runs)
 
 
 def _record_candidate(client: Any, exp_id: str, target_run: str, t: TargetStatus, c: CandidateStatus) -> None:

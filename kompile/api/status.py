@@ -245,6 +245,15 @@ class RegistryStatus(ApiModel):
     model_name: str | None = Field(default=None, description="Registered model name.")
     run_id: str | None = Field(default=None, description="MLflow parent run id.")
     aliases_set: bool = Field(default=False, description="Per-class aliases were moved for this generation.")
+    aliases: dict[str, str] = Field(
+        default_factory=dict, description="Per-class aliases moved, class -> registered version."
+    )
+    pending_aliases: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Alias moves that failed and are retried at each reconcile until they succeed, "
+        "each with why.",
+    )
 
 
 RolloutPhase = Literal[

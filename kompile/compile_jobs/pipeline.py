@@ -266,5 +266,10 @@ def write_result(b: BuiltTarget, cm: CompiledModel, source_digest: str) -> None:
         toolchain={"kompile": __version__, **b.artifact.toolchain},
         signature=list(cm.spec.inputs),
         saved_results={"reference": REFERENCE_FILE, "outputs": OUTPUTS_FILE},
+        files={
+            p.relative_to(b.repo_dir).as_posix(): p.stat().st_size
+            for p in sorted(b.repo_dir.rglob("*"))
+            if p.is_file() and p.name != RESULT_FILE
+        },
     )
     (b.repo_dir / RESULT_FILE).write_text(doc.dumps())

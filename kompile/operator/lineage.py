@@ -84,28 +84,34 @@ def move_alias(
     hardware_class: str,
     target: TargetStatus,
     event: EventFn,
-) -> None:
-    """Point the class's alias at the target's version; only called for a validated target that serves."""
+) -> bool:
+    """Point the class's alias at the target's version (only for a validated target that serves),
+    unless it already points there. False when MLflow refused: the move stays in
+    status.registry.pendingAliases and the next reconcile tries again."""
     uri = tracking_uri(cm, settings)
-    if (
-        uri is None
-        or status.registry is None
-        or not status.registry.model_name
-        or not target.registered_version
-    ):
-        return
+    registry = status.registry
+    if uri is None or registry is None or not registry.model_name or not target.registered_version:
+        return True  # nothing to point at: not a failure to retry
     assert target.validation is not None and target.validation.passed
+    version = target.registered_version
+    if registry.aliases.get(hardware_class) == version:
+        return True
     from mlflow.exceptions import MlflowException
 
     from kompile.registry import set_alias
 
+    registry.pending_aliases = [p for p in registry.pending_aliases if not p.startswith(f"{hardware_class}:")]
     try:
-        set_alias(uri, status.registry.model_name, hardware_class, target.registered_version)
+        set_alias(uri, registry.model_name, hardware_class, version)
     except (MlflowException, OSError) as err:
-        event("Warning", "AliasFailed", f"alias {hardware_class}: {type(err).__name__}: {str(err)[:300]}")
-        return
+        why = f"{type(err).__name__}: {str(err)[:200]}"
+        registry.pending_aliases.append(f"{hardware_class}: version {version} ({why})")
+        event("Warning", "AliasFailed", f"alias {hardware_class}: {why}; retrying at the next reconcile")
+        return False
+    registry.aliases[hardware_class] = version
     event(
         "Normal",
         "AliasMoved",
         f"alias {hardware_class} -> version {target.registered_version} ({target.name})",
     )
+    return True

@@ -20,10 +20,17 @@ from kompile.api.candidates import backends_of
 from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
-from kompile.artifact_store import StoreError, join, object_version, read_bytes
-from kompile.operator import metrics, tensorrt_match
+from kompile.artifact_store import StoreError, file_sizes, join, object_version, read_bytes
+from kompile.operator import metrics, tenancy, tensorrt_match
 from kompile.operator.fleet import discover
-from kompile.operator.jobs import LABEL_GENERATION, LABEL_TARGET, LABEL_UID, build_job
+from kompile.operator.jobs import (
+    ANNOTATION_CACHE_KEY,
+    ANNOTATION_PREFIX,
+    LABEL_GENERATION,
+    LABEL_TARGET,
+    LABEL_UID,
+    build_job,
+)
 from kompile.operator.kube import Kube
 from kompile.operator.lineage import move_alias, register_generation
 from kompile.operator.results import from_job
@@ -52,6 +59,10 @@ def store_root(cm: CompiledModel, settings: Settings) -> str:
     return store or settings.artifact_store
 
 
+class StoreUnavailable(RuntimeError):
+    """The artifact store cannot be read now: no cache key can be computed, so nothing is launched."""
+
+
 def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, image: str | None = None) -> str:
     """The source's identity for the cache key, without reading the model (no torch here): its
     digest when the spec pins one; for s3:// the object's ETag and size, so a model overwritten in
@@ -63,13 +74,19 @@ def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, imag
     if src.uri.startswith("s3://") and store is not None:
         try:
             tag = object_version(src.uri, store.endpoint, store.credentials)
-        except StoreError:
-            tag = None  # the Job will report an unreachable source; the URI keys this attempt
+        except StoreError as err:
+            # Falling back to the URI would change the key: a new Job under another prefix.
+            raise StoreUnavailable(
+                f"cannot read the source's version from the artifact store: {err}"
+            ) from err
         if tag:
             return f"s3:{src.uri}@{tag}"
     if src.uri.startswith("python://") and image:
         return f"uri:{src.uri}@{image}"
     return f"uri:{src.uri}"
+
+
+NO_KEYS = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
 
 
 @dataclass(frozen=True)
@@ -85,21 +102,26 @@ def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: Event
     operator's own environment (boto3's default chain)."""
     registry = cm.spec.registry
     endpoint = (registry.s3_endpoint if registry else None) or settings.s3_endpoint
+    # The operator's default Secret is for its own store only (tenancy.refusal keeps the rest out).
     secret = (
         registry.credentials_secret.name
         if registry and registry.credentials_secret
         else settings.store_secret
     )
+    # Empty keys, never the operator's own (boto3's environment chain), for a store not its own.
+    fallback = (
+        None if tenancy.host_of(endpoint or "") in tenancy.own_hosts(settings) or not endpoint else NO_KEYS
+    )
     if not secret:
-        return StoreAccess(endpoint, None)
+        return StoreAccess(endpoint, fallback)
     try:
         return StoreAccess(endpoint, kube.secret_data(cm.metadata.namespace or "default", secret))
     except ApiException as err:
         event("Warning", "CredentialsUnavailable", f"Secret {secret}: {err.status} {err.reason}")
-        return StoreAccess(endpoint, None)
+        return StoreAccess(endpoint, fallback)
 
 
-def read_stored_result(prefix: str, store: StoreAccess) -> tuple[TargetStatus, str | None] | None:
+def read_stored_result(prefix: str, store: StoreAccess) -> JobResult | None:
     """result.json at a cache prefix, or None when absent or unreadable as one."""
     try:
         data = read_bytes(join(prefix, RESULT_FILE), store.endpoint, store.credentials)
@@ -109,10 +131,25 @@ def read_stored_result(prefix: str, store: StoreAccess) -> tuple[TargetStatus, s
     if data is None:
         return None
     try:
-        result = JobResult.loads(data)
+        return JobResult.loads(data)
     except ValueError:
         return None
-    return result.target, result.source_digest
+
+
+def entry_complete(prefix: str, result: JobResult, store: StoreAccess) -> bool:
+    """Every file the cache entry's result.json names is there at its size: an entry whose upload
+    was cut short, or one written before results listed their files, is compiled again."""
+    if not result.files:
+        return False
+    try:
+        present = file_sizes(prefix, store.endpoint, store.credentials)
+    except StoreError as err:
+        log.warning("cache entry %s unreadable: %s", prefix, err)
+        return False
+    missing = sorted(rel for rel, size in result.files.items() if present.get(rel) != size)
+    if missing:
+        log.warning("cache entry %s lacks %s: compiling again", prefix, ", ".join(missing[:5]))
+    return not missing
 
 
 def _previous(doc: Mapping[str, Any], generation: int) -> CompiledModelStatus:
@@ -143,6 +180,15 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         return Outcome(status, done=True)
 
     status = _previous(doc, generation)
+    refused = tenancy.refusal(cm, settings)
+    if refused:  # before any Job, Secret read or MLflow call: nothing of the operator's goes there
+        status.conditions = set_condition(
+            status.conditions, "Ready", "False", "EndpointNotAllowed", refused, generation
+        )
+        status.observed_generation = generation
+        kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
+        event("Warning", "EndpointNotAllowed", refused)
+        return Outcome(status, done=True)
     old = {t.name: t for t in status.targets}
     uid = cm.metadata.uid or ""
     jobs = kube.list_jobs(namespace, f"{LABEL_UID}={uid}")
@@ -223,7 +269,22 @@ def _target(
 ) -> TargetStatus:
     """One target's status this reconcile: read from its Job, refused, reused from the cache, or a
     Job launched for it, in that order."""
-    key = target_cache_key(cm, rt, settings, store)
+    if job is not None:
+        # The Job's own key and prefix: where it wrote, whatever a recomputed key would say now.
+        notes = (job.get("metadata") or {}).get("annotations") or {}
+        if notes.get(ANNOTATION_CACHE_KEY) and notes.get(ANNOTATION_PREFIX):
+            key, prefix = notes[ANNOTATION_CACHE_KEY], notes[ANNOTATION_PREFIX]
+            return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
+    try:
+        key = target_cache_key(cm, rt, settings, store)
+    except StoreUnavailable as err:
+        return _status(
+            rt,
+            "",
+            phase="Pending",
+            reason="StoreUnavailable",
+            message=f"{err}; retrying at the next reconcile",
+        )
     prefix = artifact_prefix(store_root(cm, settings), key)
     if job is not None:
         return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
@@ -237,7 +298,7 @@ def _target(
     return _launch_job(cm, rt, kube, settings, key, prefix, event)
 
 
-def _status(rt: ResolvedTarget, key: str, **fields: Any) -> TargetStatus:
+def _status(rt: ResolvedTarget, key: str | None, **fields: Any) -> TargetStatus:
     return TargetStatus(
         name=rt.name,
         backend=rt.target.backend,
@@ -283,7 +344,7 @@ def _from_job(
     namespace = cm.metadata.namespace or "default"
     stored = read_stored_result(prefix, store)
     pods = kube.job_pods(namespace, job["metadata"]["name"])
-    ts, _digest = from_job(rt, job, pods, stored[0] if stored else None)
+    ts, _digest = from_job(rt, job, pods, stored.target if stored else None)
     ts.cache_key = key
     if ts.node is None and prev is not None:
         ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier
@@ -306,9 +367,12 @@ def _cache_hit(
 ) -> TargetStatus | None:
     """A validated artifact already at this content address (for the pinned source digest)."""
     cached = read_stored_result(prefix, store)
-    if not (cached and cached[0].validation and cached[0].validation.passed and _digest_ok(cm, cached[1])):
+    validation = cached.target.validation if cached else None
+    if not (cached and validation and validation.passed and _digest_ok(cm, cached.source_digest)):
         return None
-    ts = cached[0].model_copy(
+    if not entry_complete(prefix, cached, store):
+        return None
+    ts = cached.target.model_copy(
         update={
             "name": rt.name,
             "cached": True,
@@ -363,6 +427,7 @@ def _alias_winners(
     """Without a rollout, each class's alias points at its fastest validated version, set once."""
     if status.registry is None or status.registry.aliases_set:
         return
+    done = True
     for cls in sorted({r.hardware_class for r in resolved}):
         valid = [
             t
@@ -375,5 +440,8 @@ def _alias_winners(
             and t.registered_version
         ]
         if valid:
-            move_alias(cm, status, settings, cls, min(valid, key=lambda t: t.latency[0].p50_ms), event)
-    status.registry.aliases_set = True
+            moved = move_alias(
+                cm, status, settings, cls, min(valid, key=lambda t: t.latency[0].p50_ms), event
+            )
+            done = done and moved
+    status.registry.aliases_set = done  # a failed move is retried at the next reconcile

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -57,11 +58,28 @@ def _base(rt: ResolvedTarget, job_name: str, node: str | None) -> dict[str, Any]
     }
 
 
+# How long after a Job's success its result may stay unreadable (store down, termination message
+# lost with the pod) before the target is reported NoResult; until then status says it is awaited.
+RESULT_WAIT_SECONDS = 600
+
+
+def _ended_seconds_ago(job: Mapping[str, Any], now: datetime) -> float | None:
+    stamp = (job.get("status") or {}).get("completionTime")
+    if not stamp:
+        return None
+    try:
+        ended = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (now - ended).total_seconds()
+
+
 def from_job(
     rt: ResolvedTarget,
     job: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
     stored_result: TargetStatus | None,
+    now: datetime | None = None,
 ) -> tuple[TargetStatus, str | None]:
     """The target's status from its Job; returns it with the source digest the Job reported."""
     name = (job.get("metadata") or {}).get("name", "")
@@ -85,11 +103,21 @@ def from_job(
     if state == "Complete":
         result = stored_result or parsed
         if result is None:
+            ago = _ended_seconds_ago(job, now or datetime.now(UTC))
+            if ago is not None and ago < RESULT_WAIT_SECONDS:
+                return TargetStatus(
+                    **base,
+                    phase="Running",
+                    reason="AwaitingResult",
+                    message=f"the compile Job succeeded {ago:.0f} s ago and its result is not readable yet "
+                    f"(artifact store unreachable?): retrying for up to {RESULT_WAIT_SECONDS} s",
+                ), None
             return TargetStatus(
                 **base,
                 phase="Failed",
                 reason="NoResult",
-                message="the compile Job succeeded but reported no result",
+                message="the compile Job succeeded but its result could not be read from the artifact "
+                f"store or its termination message within {RESULT_WAIT_SECONDS} s",
             ), None
         return result.model_copy(
             update={k: v for k, v in base.items() if v is not None or k == "node"}

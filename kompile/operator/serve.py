@@ -177,10 +177,9 @@ def _one(
     if d.action not in ("none", "wait"):
         kind = "Warning" if d.action == "rollback" else "Normal"
         event(kind, f"Rollout{d.action.capitalize()}", f"{name}: {d.message}")
-    became_ready = d.status.phase == "Ready" and (
-        current is None or current.phase != "Ready" or current.target != d.status.target
-    )
-    if became_ready:
+    # Each reconcile of a Ready rollout checks the class's alias (move_alias does nothing when it
+    # already points at the served version), so a move MLflow refused is retried until it lands.
+    if d.status.phase == "Ready":
         served = next((t for t in status.targets if t.name == d.status.target), None)
         if served is not None and served.validation is not None and served.validation.passed:
             move_alias(cm, status, settings, cls, served, event)

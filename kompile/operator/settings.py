@@ -40,6 +40,13 @@ class Settings:
     the CompiledModel names none."""
     tracking_uri: str | None = None
     """MLFLOW_TRACKING_URI: default MLflow tracking URI."""
+    allowed_endpoints: list[str] = field(default_factory=list)
+    """KOMPILE_ALLOWED_ENDPOINTS: hosts (host or host:port, comma-separated) a CompiledModel may name
+    as spec.registry.s3Endpoint or trackingUri besides the operator's own; empty: only its own. The
+    operator's credentials never go to them (kompile.operator.tenancy)."""
+    allowed_secrets: list[str] = field(default_factory=list)
+    """KOMPILE_ALLOWED_SECRETS: Secret names a CompiledModel may name as credentialsSecret (the
+    chart's credentialsSecret and credentialsSecrets); empty: any Secret of its namespace."""
     backend_versions: dict[str, str] = field(default_factory=default_backend_versions)
     """Versions of the backends the compile images carry, a part of the cache key: by default the
     catalog's (kompile.api.toolchain's pins, TensorRT from KOMPILE_GPU_TENSORRT_VERSION);
@@ -90,6 +97,8 @@ class Settings:
             s3_endpoint=e.get("KOMPILE_S3_ENDPOINT") or None,
             store_secret=e.get("KOMPILE_STORE_SECRET") or None,
             tracking_uri=e.get("MLFLOW_TRACKING_URI") or None,
+            allowed_endpoints=_csv(e.get("KOMPILE_ALLOWED_ENDPOINTS")),
+            allowed_secrets=_csv(e.get("KOMPILE_ALLOWED_SECRETS")),
             backend_versions=versions,
             job_deadline_seconds=int(e.get("KOMPILE_JOB_DEADLINE_SECONDS", d.job_deadline_seconds)),
             job_backoff_limit=int(e.get("KOMPILE_JOB_BACKOFF_LIMIT", d.job_backoff_limit)),

@@ -185,6 +185,8 @@ class OperatorProcess:
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.env = {
+            # The tests' MLflow and S3 servers on loopback are the endpoints CompiledModels may name.
+            "KOMPILE_ALLOWED_ENDPOINTS": "127.0.0.1,localhost",
             **(extra_env or {}),
             **os.environ,
             "KUBECONFIG": str(kubeconfig),

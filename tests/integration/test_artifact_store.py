@@ -339,3 +339,36 @@ def test_an_overwritten_s3_source_changes_the_cache_fingerprint(store_root: str)
         {**doc, "spec": {**doc["spec"], "source": {"uri": "python://models.small:small_cnn"}}}
     )
     assert source_fingerprint(python, store, "img:1") != source_fingerprint(python, store, "img:2")
+
+
+def test_a_cache_entry_is_served_only_with_every_file_it_names(
+    request: pytest.FixtureRequest, store_root: str, tmp_path: Path
+) -> None:
+    """A result.json whose model never arrived (an upload cut short) is no cache hit; nor is one
+    that names no files (written before results listed them)."""
+    from kompile.api.job_contract import RESULT_FILE, JobResult
+    from kompile.api.status import TargetStatus
+    from kompile.artifact_store import file_sizes
+    from kompile.operator.reconcile import StoreAccess, entry_complete
+
+    tree = tmp_path / "entry"
+    (tree / "small" / "1").mkdir(parents=True)
+    (tree / "small" / "1" / "model.onnx").write_bytes(b"onnx" * 1000)
+    (tree / "small" / "config.pbtxt").write_bytes(b'name: "small"\n')
+    files = {"small/1/model.onnx": 4000, "small/config.pbtxt": 14}
+    result = JobResult(target=TargetStatus(name="cpu", backend="onnxruntime", precision="fp32"), files=files)
+    (tree / RESULT_FILE).write_text(result.dumps())
+    uri = join(store_root, "cm", _unique())
+    put_tree(tree, uri)
+    store = StoreAccess(None, None)
+    assert file_sizes(uri) == {**files, RESULT_FILE: len(result.dumps().encode())}
+    assert entry_complete(uri, result, store)
+    assert not entry_complete(uri, result.model_copy(update={"files": None}), store)
+    # The model file is gone (its upload never finished): compile again.
+    if store_root.startswith("s3://"):
+        server: S3Server = request.getfixturevalue("s3_server")
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        server.client().delete_object(Bucket=bucket, Key=f"{key}/small/1/model.onnx")
+    else:
+        (Path(uri.removeprefix("file://")) / "small" / "1" / "model.onnx").unlink()
+    assert not entry_complete(uri, result, store)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import pytest
@@ -260,6 +261,24 @@ def test_results_from_jobs() -> None:
     assert silent.phase == "Failed" and silent.reason == "NoResult"
 
 
+def test_a_result_not_yet_readable_is_waited_for_then_reported() -> None:
+    """A Job that ended moments ago with no readable result (store briefly down, pod gone) is not
+    final: status says the result is awaited, and only after RESULT_WAIT is it NoResult."""
+    from datetime import datetime, timedelta
+
+    from kompile.operator.results import RESULT_WAIT_SECONDS
+
+    (rt,) = resolve_targets(cm(targets=[{"name": "cpu", "backend": "onnxruntime"}]).spec, [])
+    ended = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    job = _job("Complete")
+    job["status"]["completionTime"] = ended.isoformat().replace("+00:00", "Z")
+    soon, _ = from_job(rt, job, [], None, now=ended + timedelta(seconds=30))
+    assert soon.phase == "Running" and soon.reason == "AwaitingResult"
+    assert "retrying" in (soon.message or "")
+    late, _ = from_job(rt, job, [], None, now=ended + timedelta(seconds=RESULT_WAIT_SECONDS + 1))
+    assert late.phase == "Failed" and late.reason == "NoResult"
+
+
 def test_tensorrt_targets_are_refused_when_the_compile_image_cannot_build_for_the_runtime() -> None:
     from kompile.operator.reconcile import _tensorrt_refusal
 
@@ -314,3 +333,41 @@ def test_result_json_is_one_model_for_both_sides() -> None:
     assert JobResult.loads('{"target": ' + _result().model_dump_json(by_alias=True) + ', "later": 1}')
     with pytest.raises(ValueError, match=r"not a kompile result\.json"):
         JobResult.loads('{"targets": []}')
+
+
+def test_a_failed_alias_move_stays_pending_and_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow refusing an alias move is not marked done: status lists it as pending, the next
+    reconcile moves it, and a move already made costs no call. MLflow is a stand-in here."""
+    from mlflow.exceptions import MlflowException
+
+    from kompile import registry
+    from kompile.api.status import CompiledModelStatus, RegistryStatus
+    from kompile.operator.lineage import move_alias
+
+    calls: list[tuple[str, str]] = []
+    down = [True]
+
+    def set_alias(uri: str, model: str, alias: str, version: str) -> None:
+        calls.append((alias, version))
+        if down[0]:
+            raise MlflowException("503 Service Unavailable")
+
+    monkeypatch.setattr(registry, "set_alias", set_alias)
+    model = cm(
+        targets=[{"name": "cpu", "backend": "onnxruntime"}], registry={"trackingUri": "http://mlflow:5000"}
+    )
+    status = CompiledModelStatus(registry=RegistryStatus(model_name="resnet", run_id="r"))
+    target = _result().model_copy(update={"registered_version": "7"})
+    events: list[tuple[str, str]] = []
+    event = lambda kind, reason, message: events.append((kind, reason))  # noqa: E731
+    assert not move_alias(model, status, Settings(), "cpu-x86", target, event)
+    assert status.registry is not None
+    assert status.registry.pending_aliases == [
+        "cpu-x86: version 7 (MlflowException: 503 Service Unavailable)"
+    ]
+    assert events[-1] == ("Warning", "AliasFailed")
+    down[0] = False
+    assert move_alias(model, status, Settings(), "cpu-x86", target, event)
+    assert status.registry.pending_aliases == [] and status.registry.aliases == {"cpu-x86": "7"}
+    assert move_alias(model, status, Settings(), "cpu-x86", target, event)
+    assert calls == [("cpu-x86", "7"), ("cpu-x86", "7")]  # the third found it done

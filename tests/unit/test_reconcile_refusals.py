@@ -56,3 +56,54 @@ def test_bad_option_is_an_invalid_spec_condition_before_any_job(options: dict[st
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert "spec.targets[0]" in ready["message"] and phrase in ready["message"], ready["message"]
     assert ready["observedGeneration"] == 3 and patch["observedGeneration"] == 3
+
+
+def test_an_unreachable_store_never_changes_a_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With S3 down the source's version cannot be read: the fingerprint used to fall back to the
+    URI, changing the key (a second Job under another prefix). Now no key is made and the target
+    waits, saying why. The store is a stand-in that fails."""
+    from kompile.artifact_store import StoreError
+    from kompile.operator import reconcile as rec
+    from kompile.operator.reconcile import StoreAccess, StoreUnavailable, source_fingerprint
+
+    def down(*_: Any) -> str:
+        raise StoreError("head of s3://models/m.onnx failed: connection refused")
+
+    monkeypatch.setattr(rec, "object_version", down)
+    doc = _doc({})
+    doc["spec"]["source"]["uri"] = "s3://models/m.onnx"
+    from kompile.api.resource import parse_manifest
+
+    with pytest.raises(StoreUnavailable, match="connection refused"):
+        source_fingerprint(parse_manifest(doc), StoreAccess(None, None))
+
+
+def test_a_jobs_own_prefix_is_where_its_result_is_read(tmp_path: Any) -> None:
+    """The operator reads a Job's result at the prefix annotated on the Job, not at one recomputed
+    from today's key (which an overwritten source or a changed setting would move)."""
+    from kompile.api.job_contract import RESULT_FILE, JobResult
+    from kompile.api.resource import parse_manifest
+    from kompile.api.status import TargetStatus
+    from kompile.operator.jobs import ANNOTATION_CACHE_KEY, ANNOTATION_PREFIX
+    from kompile.operator.reconcile import StoreAccess, _target
+    from kompile.operator.targets import resolve_targets
+
+    prefix = (tmp_path / "cache" / "where-the-job-wrote").as_uri()
+    written = TargetStatus(
+        name="cpu", backend="onnxruntime", precision="fp32", phase="Succeeded", speedup=2.0
+    )
+    (tmp_path / "cache" / "where-the-job-wrote").mkdir(parents=True)
+    (tmp_path / "cache" / "where-the-job-wrote" / RESULT_FILE).write_text(JobResult(target=written).dumps())
+    job = {
+        "metadata": {"name": "j", "annotations": {ANNOTATION_CACHE_KEY: "k" * 40, ANNOTATION_PREFIX: prefix}},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
+
+    class PodsKube:
+        def job_pods(self, namespace: str, name: str) -> list[Any]:
+            return []
+
+    cm = parse_manifest(_doc({}))
+    (rt,) = resolve_targets(cm.spec, [])
+    ts = _target(cm, rt, job, None, PodsKube(), Settings(), StoreAccess(None, None), lambda *e: None)  # type: ignore[arg-type]
+    assert ts.phase == "Succeeded" and ts.speedup == 2.0 and ts.cache_key == "k" * 40

@@ -167,3 +167,37 @@ def test_compact_result_holds_a_precision_ladder_with_remedies() -> None:
     assert len(text.encode()) <= TERMINATION_LIMIT
     back, _, _ = parse_compact(text)
     assert [(c.name, c.reason) for c in back.candidates] == [(c.name, c.reason) for c in cands]
+
+
+def test_compact_result_is_bounded_whatever_the_status_holds() -> None:
+    """The kubelet keeps only the tail of a longer message and the JSON would break silently: the
+    most a status can hold (24 candidates with 63-character names, long messages, every field
+    filled) still fits, with the verdict intact."""
+    long = "n" * 63
+    cands = [
+        CandidateStatus(
+            name=f"{i:02d}{long}"[:63],
+            backend="openvino",
+            precision="int8",
+            phase="Failed",
+            reason="ValidationFailed" * 4,
+            message="m" * 5000,
+            options={f"o{j}": "v" * 1024 for j in range(32)},
+            latency=[lat(b, 3.0) for b in range(1, 9)],
+        )
+        for i in range(24)
+    ]
+    ts = TargetStatus(
+        name=long,
+        backend="openvino",
+        precision="int8",
+        phase="Succeeded",
+        reason="Validated",
+        candidates=cands,
+        not_offered=["x" * 2000] * 16,
+        message="y" * 10000,
+    )
+    text = compact_result(ts, "sha256:" + "a" * 64, "2026.4.1")
+    assert len(text.encode()) <= TERMINATION_LIMIT
+    back, digest, _ = parse_compact(text)
+    assert (back.name, back.phase, back.backend) == (long, "Succeeded", "openvino") and digest
