@@ -140,13 +140,22 @@ def test_bf16_only_where_the_cpu_computes_it(cnn: tuple[Path, list[Feeds]], tmp_
             _build(cnn, tmp_path, "bf16")
 
 
-def test_transformers_are_quantized_in_transformer_mode(tmp_path: Path) -> None:
+def test_transformers_get_nncf_defaults_first_and_transformer_mode_on_request(tmp_path: Path) -> None:
     _, path, feeds, sig = bert_tiny_case(tmp_path)
     target = Target(name="cpu-int8", backend="openvino", precision="int8")
     request = compile_request(
         target, onnx_path=path, out_dir=tmp_path / "out", signature=sig, feeds=feeds, threads=2
     )
-    artifact = get_backend("openvino").compile(request)
+    backend = get_backend("openvino")
+    artifact = backend.compile(request)
+    # NNCF's defaults first (the fastest int8); transformer mode is the first remedy.
+    assert artifact.options["modelType"] == "none" and artifact.options["graph"] == "transformer"
+    assert [r.name for r in backend.remedies(artifact)][:2] == ["transformer", "keep-sensitive"]
+    explicit = target.model_copy(update={"options": {"modelType": "transformer"}})
+    request = compile_request(
+        explicit, onnx_path=path, out_dir=tmp_path / "out2", signature=sig, feeds=feeds, threads=2
+    )
+    artifact = backend.compile(request)
     assert artifact.options["modelType"] == "transformer" and artifact.options["preset"] == "mixed"
 
 
