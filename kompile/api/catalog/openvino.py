@@ -47,10 +47,11 @@ class OpenVinoOptions(BackendOptions):
         "on the reference outputs is measured and the most harmful go back to float until the cosine "
         "gate holds.",
     )
-    float_precision: Literal["fp32", "bf16"] = Field(
-        default="fp32",
+    float_precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
         description="int8: the precision the layers left in float run at; bf16 makes a mixed "
-        "int8/bf16 artifact (CPUs with AVX-512 BF16 or AMX only).",
+        "int8/bf16 artifact (CPUs with AVX-512 BF16 or AMX only); auto: bf16 where the CPU has it "
+        "(OpenVINO's own default there), else fp32.",
     )
 
 
