@@ -125,6 +125,21 @@ def success_result(
     return compact_result(ts, None, "test")
 
 
+STAND_IN_MODEL = b"TEST STAND-IN for a compiled model"
+
+
+def publish_entry(
+    prefix: str, compact: str, endpoint: str | None = None, credentials: dict[str, str] | None = None
+) -> None:
+    """TEST STAND-IN for a compile container's publish: a model file, then result.json naming it
+    (files and sizes, uploaded last), at the content address, so a later reconcile can hit the cache."""
+    from kompile.artifact_store import join, write_bytes
+
+    write_bytes(join(prefix, "stand-in", "1", "model.bin"), STAND_IN_MODEL, endpoint, credentials)
+    doc = json.loads(compact) | {"files": {"stand-in/1/model.bin": len(STAND_IN_MODEL)}}
+    write_bytes(join(prefix, "result.json"), json.dumps(doc).encode(), endpoint, credentials)
+
+
 Decide = Callable[[dict[str, Any]], tuple[int, str]]
 """Given a KWOK compile pod, the (exit code, termination message) it should report."""
 

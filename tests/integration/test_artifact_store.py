@@ -356,7 +356,8 @@ def test_a_cache_entry_is_served_only_with_every_file_it_names(
     (tree / "small" / "1" / "model.onnx").write_bytes(b"onnx" * 1000)
     (tree / "small" / "config.pbtxt").write_bytes(b'name: "small"\n')
     files = {"small/1/model.onnx": 4000, "small/config.pbtxt": 14}
-    result = JobResult(target=TargetStatus(name="cpu", backend="onnxruntime", precision="fp32"), files=files)
+    target = TargetStatus(name="cpu", backend="onnxruntime", precision="fp32", phase="Succeeded")
+    result = JobResult(target=target, files=files)
     (tree / RESULT_FILE).write_text(result.dumps())
     uri = join(store_root, "cm", _unique())
     put_tree(tree, uri)

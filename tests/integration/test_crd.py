@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from devtools.devcluster import ControlPlane
 from kompile.api import ManifestError, load_manifest, parse_manifest
-from kompile.api.spec import CompiledModelSpec, Precision, RolloutGate, Source, Target
+from kompile.api.spec import CompiledModelSpec, RolloutGate, Source, Target
 from kompile.api.status import (
     Artifact,
     Baseline,
@@ -42,9 +42,11 @@ from kompile.api.status import (
     RolloutStatus,
     SelectionStatus,
     TargetStatus,
+    TaskAccuracy,
     Thresholds,
     ValidationResult,
 )
+from kompile.api.vocabulary import TargetPrecision
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -208,9 +210,15 @@ def _full_status() -> CompiledModelStatus:
             )
         ],
         thresholds=Thresholds(
-            max_abs_error=0.5, max_rel_error=0.1, min_cosine=0.99, min_top_k_agreement=0.9, top_k=5
+            max_abs_error=0.5,
+            max_rel_error=0.1,
+            min_cosine=0.99,
+            min_top_k_agreement=0.9,
+            top_k=5,
+            max_accuracy_drop=1.0,
         ),
         failures=["maxRelError 0.003 above 0.001 (reported, not gating)"],
+        task_accuracy=TaskAccuracy(output="logits", labelled=360, reference=97.2, accuracy=96.9, drop=0.3),
     )
     target = TargetStatus(
         name="cpu-int8",
@@ -250,6 +258,8 @@ def _full_status() -> CompiledModelStatus:
                 compile_seconds=41.25,
                 max_abs_error=0.0125,
                 min_cosine=0.99987,
+                accuracy=96.9,
+                accuracy_drop=0.3,
                 latency=_latency(1, 4.25),
                 speedup=3.18,
                 speedup_stable=True,
@@ -278,7 +288,11 @@ def _full_status() -> CompiledModelStatus:
         source_digest="sha256:" + "ef" * 32,
         baselines=[Baseline(name="torch.compile", latency=_latency(1, 9.75), compile_seconds=38.5)],
         registry=RegistryStatus(
-            tracking_uri="http://mlflow.mlflow:5000", model_name="resnet50", run_id="0123456789abcdef"
+            tracking_uri="http://mlflow.mlflow:5000",
+            model_name="resnet50",
+            run_id="0123456789abcdef",
+            aliases={"amd64-avx512": "7"},
+            pending_aliases=["amd64-avx2: version 6 (MlflowException: 503)"],
         ),
         rollouts=[
             RolloutStatus(
@@ -378,7 +392,7 @@ def test_explain_prints_the_models_description(
 def test_explain_lists_precision_enum(control_plane: ControlPlane) -> None:
     output = _eventually_kubectl(control_plane, "explain", "compiledmodel.spec.targets.precision")
     enum = output.split("ENUM:", 1)[1].split("DESCRIPTION:", 1)[0].split()
-    assert enum == list(get_args(Precision))
+    assert enum == list(get_args(TargetPrecision))  # a target may ask for precision auto
 
 
 def test_explain_spec_lists_every_field(control_plane: ControlPlane) -> None:

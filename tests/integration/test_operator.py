@@ -19,13 +19,13 @@ import pytest
 from kubernetes import client, config
 
 from devtools.devcluster import ControlPlane
-from kompile.artifact_store import join, write_bytes
 from tests.integration.fleet import (
     CLASSES,
     LOCAL_NODE,
     KwokReporter,
     OperatorProcess,
     kwok_node,
+    publish_entry,
     small_cnn_manifest,
     success_result,
     wait_for,
@@ -53,7 +53,7 @@ def decide(pod: dict[str, Any]) -> tuple[int, str]:
         t["name"], t["backend"], t.get("precision", "fp32"), artifact_uri=env["KOMPILE_ARTIFACT_PREFIX"]
     )
     # As a real compile container would, publish result.json at the content address (the cache).
-    write_bytes(join(env["KOMPILE_ARTIFACT_PREFIX"], "result.json"), compact.encode())
+    publish_entry(env["KOMPILE_ARTIFACT_PREFIX"], compact)
     return 0, compact
 
 

@@ -17,10 +17,10 @@ from kubernetes.client.exceptions import ApiException
 from mlflow import MlflowClient
 
 from devtools.devcluster import ControlPlane
-from kompile.artifact_store import join, write_bytes
 from tests.integration.fleet import (
     KwokReporter,
     OperatorProcess,
+    publish_entry,
     small_cnn_manifest,
     success_result,
     wait_for,
@@ -69,9 +69,7 @@ def e2e(
         compact = success_result(
             t["name"], t["backend"], t.get("precision", "fp32"), p50=0.5, artifact_uri=prefix
         )
-        write_bytes(
-            join(env["KOMPILE_ARTIFACT_PREFIX"], "result.json"), compact.encode(), s3_server.endpoint, creds
-        )
+        publish_entry(env["KOMPILE_ARTIFACT_PREFIX"], compact, s3_server.endpoint, creds)
         return 0, compact
 
     reporter = KwokReporter(control_plane.kubeconfig, NS, decide).start()

@@ -35,8 +35,7 @@ import yaml
 
 from devtools.devcluster import ControlPlane, find_bin_dir
 from devtools.processes import free_port, probe
-from kompile.artifact_store import join, write_bytes
-from tests.integration.fleet import CLASSES, LOCAL_NODE, KwokReporter, success_result, wait_for
+from tests.integration.fleet import CLASSES, LOCAL_NODE, KwokReporter, publish_entry, success_result, wait_for
 from tests.integration.kubelet_standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,7 +295,7 @@ def _decide(pod: dict[str, Any]) -> tuple[int, str]:
     t = json.loads(env["KOMPILE_TARGET"])
     prefix = env["KOMPILE_ARTIFACT_PREFIX"]
     compact = success_result(t["name"], t["backend"], t.get("precision", "fp32"), artifact_uri=prefix)
-    write_bytes(join(prefix, "result.json"), compact.encode())
+    publish_entry(prefix, compact)
     return 0, compact
 
 
