@@ -42,6 +42,7 @@ from kompile.compile_jobs.backends.base import (
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
 
 Array = np.ndarray[Any, Any]
 Opts = dict[str, str]
@@ -269,31 +270,20 @@ _NORM_OPS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNor
 
 
 def sensitive_nodes(graph: onnx.GraphProto) -> list[str]:
-    """The nodes int8 hurts most, kept in float as NNCF and Olive do: the first and last weighted
-    layers, attention's softmax-times-values product, and every layer whose output reaches a
-    LayerNorm through Adds alone (attention output and FFN output projections: the residual stream
-    carries outliers that one int8 scale cannot hold)."""
+    """Names of the nodes `keepFloat: sensitive` leaves out of static int8: the rule of
+    kompile.compile_jobs.sensitive_layers over the ONNX graph."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     producers = {o: n for n in graph.node for o in n.output}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    weighted = [n for n in graph.node if n.op_type in _WEIGHTED_OPS]
-    keep = {weighted[0].name, weighted[-1].name} if weighted else set()
-
-    def feeds_norm(node: onnx.NodeProto, hops: int = 3) -> bool:
-        nexts = [c for o in node.output for c in consumers.get(o, [])]
-        if any(c.op_type in _NORM_OPS for c in nexts):
-            return True
-        return hops > 0 and any(c.op_type == "Add" and feeds_norm(c, hops - 1) for c in nexts)
-
-    for node in weighted:
-        after_softmax = any(
-            producers.get(i) is not None and producers[i].op_type == "Softmax" for i in node.input
-        )
-        if after_softmax or feeds_norm(node):
-            keep.add(node.name)
-    return [n.name for n in graph.node if n.name in keep]
+    view = GraphView(
+        nodes=list(graph.node),
+        kind=lambda n: str(n.op_type),
+        consumers=lambda n: [c for o in n.output for c in consumers.get(o, [])],
+        parents=lambda n: [producers[i] for i in n.input if i in producers],
+    )
+    return [n.name for n in sensitive_layers(view, _WEIGHTED_OPS, _NORM_OPS, ("Softmax",))]
 
 
 def quantize_static(

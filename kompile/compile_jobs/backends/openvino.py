@@ -37,6 +37,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16
+from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
 
 Array = np.ndarray[Any, Any]
 # Runtime properties recorded with the artifact and passed to Triton's OpenVINO backend.
@@ -156,29 +157,16 @@ _NORM_TYPES = {"MVN", "LayerNorm", "NormalizeL2"}
 
 
 def sensitive_matmuls(model: ov.Model) -> list[str]:
-    """MatMuls int8 hurts most (as NNCF's and Olive's recipes keep them): the first and last, the
-    product of attention's softmax with the values, and each MatMul whose output reaches a LayerNorm
-    through Adds alone (attention output and FFN output projections: the residual stream carries
-    outliers one int8 scale cannot hold). On all-MiniLM-L6-v2 these took min cosine from 0.81 to
-    0.998 (measured on real sentences)."""
-    ops = list(model.get_ordered_ops())
-    matmuls = [op for op in ops if op.get_type_name() == "MatMul"]
-
-    def consumers(op: Any) -> list[Any]:
-        return [t.get_node() for out in op.outputs() for t in out.get_target_inputs()]
-
-    def feeds_norm(op: Any, hops: int = 3) -> bool:
-        nexts = consumers(op)
-        if any(n.get_type_name() in _NORM_TYPES for n in nexts):
-            return True
-        return hops > 0 and any(n.get_type_name() == "Add" and feeds_norm(n, hops - 1) for n in nexts)
-
-    def after_softmax(op: Any) -> bool:
-        return any(i.get_source_output().get_node().get_type_name() in _ATTENTION_OPS for i in op.inputs())
-
-    keep = {id(m) for m in matmuls[:1] + matmuls[-1:]}
-    keep |= {id(m) for m in matmuls if after_softmax(m) or feeds_norm(m)}
-    return [m.get_friendly_name() for m in matmuls if id(m) in keep]
+    """Names of the MatMuls `keepFloat: sensitive` leaves out of int8: the rule of
+    kompile.compile_jobs.sensitive_layers over OpenVINO's graph. On all-MiniLM-L6-v2 these took
+    min cosine from 0.81 to 0.998 (measured on real sentences)."""
+    view = GraphView(
+        nodes=list(model.get_ordered_ops()),
+        kind=lambda op: str(op.get_type_name()),
+        consumers=lambda op: [t.get_node() for out in op.outputs() for t in out.get_target_inputs()],
+        parents=lambda op: [i.get_source_output().get_node() for i in op.inputs()],
+    )
+    return [m.get_friendly_name() for m in sensitive_layers(view, ("MatMul",), _NORM_TYPES, _ATTENTION_OPS)]
 
 
 # Headroom under the gate: NNCF measures under the CPU's default inference precision, and the
