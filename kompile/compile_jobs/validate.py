@@ -220,7 +220,7 @@ def _measure(
         max_abs = max(max_abs, float(diff.max(initial=0.0)))
         eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(np.abs(ref).mean())) if ref.size else REL_EPS_FLOOR
         max_rel = max(max_rel, float((diff / (np.abs(ref) + eps)).max(initial=0.0)))
-        cosines.extend(_row_cosines(ref, cand))
+        cosines.extend(row_cosines(ref, cand))
         if classify:
             agree.extend(_top_k_agree(ref, cand, effective_top_k(thresholds.top_k, cand)))
     return OutputCheck(
@@ -239,7 +239,8 @@ def _rows(a: Array) -> Array:
     return a.reshape(a.shape[0], -1) if a.ndim >= 2 else a.reshape(1, -1)
 
 
-def _row_cosines(ref: Array, cand: Array) -> list[float]:
+def row_cosines(ref: Array, cand: Array) -> list[float]:
+    """Cosine similarity per sample row (the leading axis when there is more than one)."""
     r, c = _rows(ref), _rows(cand)
     out: list[float] = []
     for rr, cc in zip(r, c, strict=True):

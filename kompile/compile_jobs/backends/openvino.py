@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from kompile.compile_jobs.backends.base import (
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16
 from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
+from kompile.compile_jobs.validate import row_cosines
 
 Array = np.ndarray[Any, Any]
 # Runtime properties recorded with the artifact and passed to Triton's OpenVINO backend.
@@ -80,8 +82,6 @@ def quantize(
     """NNCF post-training int8 quantization calibrated on the reference inputs."""
     import nncf
 
-    _nncf_logs_to_stderr()
-
     if not request.calibration:
         raise BackendError("openvino int8 calibrates on reference inputs and the run has none")
     names = [port.get_any_name() for port in model.inputs]
@@ -107,8 +107,7 @@ def quantize(
         else None,
     }
     try:
-        # NNCF draws progress bars on stdout, which belongs to `kompile run --json`.
-        with contextlib.redirect_stdout(sys.stderr):
+        with _nncf_on_stderr():
             if opts.accuracy_control:
                 quantized = quantize_with_accuracy_control(model, request, names, common, record)
             else:
@@ -140,9 +139,8 @@ def compress_weights(model: ov.Model, record: dict[str, str]) -> ov.Model:
     and on a real sentence encoder the one int8 that kept cosine 0.999 where full int8 fell to 0.81."""
     import nncf
 
-    _nncf_logs_to_stderr()
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with _nncf_on_stderr():
             compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
     except (*OV_ERRORS, nncf.errors.ValidationError) as err:
         raise BackendError(
@@ -192,7 +190,8 @@ def quantize_with_accuracy_control(
         for i in indices:
             result = compiled({n: feeds[i][n] for n in names})
             outs = [np.asarray(result[port]) for port in compiled.outputs]
-            per_sample.append(min(_cosine(a, b) for a, b in zip(reference[i], outs, strict=False)))
+            pairs = zip(reference[i], outs, strict=False)
+            per_sample.append(min(c for a, b in pairs for c in row_cosines(np.asarray(a, np.float64), b)))
         return (min(per_sample) if per_sample else 1.0), per_sample
 
     from nncf.quantization.advanced_parameters import (
@@ -226,22 +225,18 @@ def quantize_with_accuracy_control(
     return quantized
 
 
-def _cosine(a: Array, b: Array) -> float:
-    x, y = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
-    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx == 0.0 or ny == 0.0:
-        return 1.0 if nx == ny else 0.0
-    return float(np.dot(x, y) / (nx * ny))
-
-
-def _nncf_logs_to_stderr() -> None:
-    """NNCF's logger writes to the stdout it saw at import, which belongs to `kompile run --json`:
-    point its handlers at stderr (redirect_stdout cannot reach a handler's own stream)."""
+@contextlib.contextmanager
+def _nncf_on_stderr() -> Iterator[None]:
+    """NNCF's progress bars and log lines go to stderr: stdout belongs to `kompile run --json`. Its
+    logger writes to the stdout it saw at import, which redirect_stdout cannot reach: its handlers
+    are pointed at stderr too."""
     import logging
 
     for handler in logging.getLogger("nncf").handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
             handler.setStream(sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 class OvRunner:
