@@ -254,21 +254,21 @@ def _record_target(
             client.set_terminated(run_id)
     if t.artifact is None:
         return  # nothing was built: a failed compile has no version to register
+    # A version registered before a crash is found by its run, never made twice.
     existing = [v for v in client.search_model_versions(f"run_id = '{run_id}'") if v.name == name]
-    if existing:
-        t.registered_version = str(existing[0].version)
-        if alias_validated and t.validation is not None and t.validation.passed:
-            client.set_registered_model_alias(name, alias_for(t.name), existing[0].version)
-        return
     # The version's source is the artifact itself where it lives in a store the server can reach
     # (s3://); a local run's artifacts were logged to the run instead.
     source = f"runs:/{run_id}/model" if rec.model_dir is not None else t.artifact.uri
-    version = client.create_model_version(
-        name,
-        source=source,
-        run_id=run_id,
-        tags={**_version_tags(cm, t, digest), **lineage, "kompile.artifact_uri": t.artifact.uri},
-        description=f"{t.backend} {t.precision} for {t.hardware_class or t.name}",
+    version = (
+        existing[0]
+        if existing
+        else client.create_model_version(
+            name,
+            source=source,
+            run_id=run_id,
+            tags={**_version_tags(cm, t, digest), **lineage, "kompile.artifact_uri": t.artifact.uri},
+            description=f"{t.backend} {t.precision} for {t.hardware_class or t.name}",
+        )
     )
     t.registered_version = str(version.version)
     if alias_validated and t.validation is not None and t.validation.passed:
