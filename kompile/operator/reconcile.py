@@ -108,10 +108,10 @@ def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: Event
         if registry and registry.credentials_secret
         else settings.store_secret
     )
-    # Empty keys, never the operator's own (boto3's environment chain), for a store not its own.
-    fallback = (
-        None if tenancy.host_of(endpoint or "") in tenancy.own_hosts(settings) or not endpoint else NO_KEYS
-    )
+    # Without a readable Secret, a store not the operator's own gets empty keys, never the
+    # operator's (boto3's environment chain).
+    own_store = not endpoint or tenancy.host_of(endpoint) in tenancy.own_hosts(settings)
+    fallback = None if own_store else NO_KEYS
     if not secret:
         return StoreAccess(endpoint, fallback)
     try:
