@@ -152,8 +152,32 @@ def validation_figures(
 Caller = Callable[[Feeds], Callable[[], object]]
 
 
-def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
-    """Export, build every runtime, validate each against eager, then time them all interleaved."""
+@dataclass
+class CaseRun:
+    """One model's run: its export, reference inputs and outputs, and the runtimes timed so far."""
+
+    case: ModelCase
+    args: argparse.Namespace
+    work: Path
+    threads: int
+    model: Any
+    onnx_path: Path
+    report: dict[str, Any]
+    feeds: list[Feeds]
+    reference: list[list[Array]]
+    runtimes: dict[str, dict[str, Any]]
+    callers: dict[str, Caller]
+
+
+def measure_case(
+    case: ModelCase,
+    args: argparse.Namespace,
+    work: Path,
+    threads: int,
+    add_runtimes: Callable[[CaseRun], None],
+) -> dict[str, Any]:
+    """Export, compute the eager reference (and torch.compile), let `add_runtimes` build and validate
+    the runtimes of this benchmark, then time them all interleaved with eager."""
     model = build(case)
     onnx_path = work / f"{case.name}.onnx"
     report: dict[str, Any] = {"model": case.name, "export_s": round(export(case, model, onnx_path), 2)}
@@ -164,14 +188,37 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
     callers: dict[str, Caller] = {"eager": partial(torch_call, model)}
     if args.torch_compile:
         add_torch_compile(model, case, feeds, reference, runtimes, callers)
-    artifacts = [(n, p, q, {}) for n, p, q in ARTIFACTS if not args.only or n in args.only] + args.artifact
-    add_artifacts(artifacts, onnx_path, work / case.name, threads, feeds, reference, runtimes, callers)
+    add_runtimes(
+        CaseRun(case, args, work, threads, model, onnx_path, report, feeds, reference, runtimes, callers)
+    )
     report["runtimes"] = runtimes
     report["latency"], report["discarded_rounds"] = {}, {}
     for batch in args.batch_sizes:
         stats, discarded = time_batch(case, callers, batch, args)
         report["latency"][str(batch)] = stats
         report["discarded_rounds"][str(batch)] = discarded
+    return report
+
+
+def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
+    """Export, build every runtime, validate each against eager, then time them all interleaved."""
+
+    def ort_artifacts(run: CaseRun) -> None:
+        artifacts = [
+            (n, p, q, {}) for n, p, q in ARTIFACTS if not args.only or n in args.only
+        ] + args.artifact
+        add_artifacts(
+            artifacts,
+            run.onnx_path,
+            work / case.name,
+            threads,
+            run.feeds,
+            run.reference,
+            run.runtimes,
+            run.callers,
+        )
+
+    report = measure_case(case, args, work, threads, ort_artifacts)
     report["best"] = best_validated(report)
     return report
 

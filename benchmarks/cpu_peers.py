@@ -34,14 +34,10 @@ from cpu_artifacts import (
     CASES,
     ROOT,
     SEQ,
-    Caller,
+    CaseRun,
     ModelCase,
-    add_torch_compile,
-    build,
-    export,
+    measure_case,
     runner_call,
-    time_batch,
-    torch_call,
     validation_figures,
 )
 
@@ -248,39 +244,29 @@ def kompile_artifacts(
     return {f"{KOMPILE_PREFIX}{climb['winner']}": (runner, climb["rung"])}
 
 
-def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
-    model = build(case)
-    onnx_path = work / f"{case.name}.onnx"
-    report: dict[str, Any] = {"model": case.name, "export_s": round(export(case, model, onnx_path), 2)}
-    rng = np.random.default_rng(args.seed)
-    feeds = [case.make(rng, 2) for _ in range(args.samples)]
-    reference = [[torch_call(model, f)()] for f in feeds]
-    runtimes: dict[str, dict[str, Any]] = {"eager": {}}
-    callers: dict[str, Caller] = {"eager": partial(torch_call, model)}
-    if args.torch_compile:
-        add_torch_compile(model, case, feeds, reference, runtimes, callers)
+def add_peers(run: CaseRun) -> None:
+    """Every peer and kompile's selection, each validated against eager with kompile's thresholds."""
+    case, work, threads, feeds = run.case, run.work, run.threads, run.feeds
     groups = [
-        lambda: plain_openvino(onnx_path, feeds, threads),
-        lambda: plain_onnxruntime(onnx_path, work, threads),
-        lambda: kompile_artifacts(case, feeds, work / case.name, threads, report),
+        lambda: plain_openvino(run.onnx_path, feeds, threads),
+        lambda: plain_onnxruntime(run.onnx_path, work, threads),
+        lambda: kompile_artifacts(case, feeds, work / case.name, threads, run.report),
     ]
     for group in groups:
         start = time.perf_counter()
         for name, (runner, precision) in group().items():
             cand = [runner.run(f) for f in feeds]
-            runtimes[name] = {
+            run.runtimes[name] = {
                 "precision": precision,
-                "validation": validation_figures(reference, cand, [case.output], precision),
+                "validation": validation_figures(run.reference, cand, [case.output], precision),
             }
-            callers[name] = partial(runner_call, runner)
-        for name in runtimes:
-            runtimes[name].setdefault("build_s_group", round(time.perf_counter() - start, 1))
-    report["runtimes"] = runtimes
-    report["latency"], report["discarded_rounds"] = {}, {}
-    for batch in args.batch_sizes:
-        stats, discarded = time_batch(case, callers, batch, args)
-        report["latency"][str(batch)] = stats
-        report["discarded_rounds"][str(batch)] = discarded
+            run.callers[name] = partial(runner_call, runner)
+        for name in run.runtimes:
+            run.runtimes[name].setdefault("build_s_group", round(time.perf_counter() - start, 1))
+
+
+def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
+    report = measure_case(case, args, work, threads, add_peers)
     report["verdict"] = verdict(report)
     return report
 
