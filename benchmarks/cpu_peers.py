@@ -42,6 +42,7 @@ from cpu_artifacts import (
 )
 
 from kompile.compile_jobs.backends.base import Feeds
+from kompile.compile_jobs.backends.openvino import nncf_on_stderr
 from kompile.compile_jobs.hardware import has_fast_bf16
 
 Array = np.ndarray[Any, Any]
@@ -72,7 +73,8 @@ def plain_openvino(onnx_path: Path, feeds: list[Feeds], threads: int) -> dict[st
     for hint, precision in hints:
         compiled = core.compile_model(model, "CPU", {**base, "INFERENCE_PRECISION_HINT": hint})
         out[f"openvino-{hint}"] = (PlainRunner(_ov_call(compiled), names), precision)
-    quantized = nncf.quantize(model, nncf.Dataset(feeds, lambda f: {n: f[n] for n in names}))
+    with nncf_on_stderr():  # stdout carries this script's JSON
+        quantized = nncf.quantize(model, nncf.Dataset(feeds, lambda f: {n: f[n] for n in names}))
     compiled = core.compile_model(quantized, "CPU", base)
     out["openvino-int8-nncf"] = (PlainRunner(_ov_call(compiled), names), "int8")
     return out

@@ -107,7 +107,7 @@ def quantize(
         else None,
     }
     try:
-        with _nncf_on_stderr():
+        with nncf_on_stderr():
             if opts.accuracy_control:
                 quantized = quantize_with_accuracy_control(model, request, names, common, record)
             else:
@@ -140,7 +140,7 @@ def compress_weights(model: ov.Model, record: dict[str, str]) -> ov.Model:
     import nncf
 
     try:
-        with _nncf_on_stderr():
+        with nncf_on_stderr():
             compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
     except (*OV_ERRORS, nncf.errors.ValidationError) as err:
         raise BackendError(
@@ -226,7 +226,7 @@ def quantize_with_accuracy_control(
 
 
 @contextlib.contextmanager
-def _nncf_on_stderr() -> Iterator[None]:
+def nncf_on_stderr() -> Iterator[None]:
     """NNCF's progress bars and log lines go to stderr: stdout belongs to `kompile run --json`. Its
     logger writes to the stdout it saw at import, which redirect_stdout cannot reach: its handlers
     are pointed at stderr too."""
