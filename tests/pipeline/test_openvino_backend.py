@@ -4,7 +4,6 @@ with eager; the Triton OpenVINO layout and its config."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,7 @@ from kompile.compile_jobs.hardware import has_fast_bf16  # noqa: E402
 from kompile.compile_jobs.validate import resolve_thresholds  # noqa: E402
 from tests.pipeline.conftest import bert_tiny_case, small_cnn_doc, torchscript_onnx  # noqa: E402
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
+# tests.pipeline.conftest puts examples/ on sys.path: `models.*` imports as in manifests.
 IMAGE = InputSpec.model_validate(
     {
         "name": "input",
