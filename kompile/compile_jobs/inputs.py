@@ -96,38 +96,45 @@ def _check_array(spec: InputSpec, arr: np.ndarray[Any, Any], source: str) -> np.
         ) from None
 
 
-def load_dataset(path: Path, signature: Sequence[InputSpec]) -> list[Feed]:
+def load_dataset(
+    path: Path, signature: Sequence[InputSpec], labels_key: str | None = None
+) -> tuple[list[Feed], np.ndarray[Any, Any] | None]:
     """Read an .npz keyed by input name. Axis 0 holds samples; each becomes a feed of batch 1
-    when the batch dimension is dynamic, otherwise the arrays are one feed as they are."""
+    when the batch dimension is dynamic, otherwise the arrays are one feed as they are. With
+    `labels_key`, also the integer class labels stored under it, one per sample."""
     try:
-        data = np.load(path, allow_pickle=False)
+        with np.load(path, allow_pickle=False) as data:
+            missing = [s.name for s in signature if s.name not in data.files]
+            if missing:
+                raise InputMismatch(
+                    f"{path}: dataset has arrays {sorted(data.files)}, missing inputs {missing} "
+                    "(keys must be the input names of spec.inputs)"
+                )
+            arrays = {s.name: _check_array(s, data[s.name], str(path)) for s in signature}
+            if labels_key is not None and labels_key not in data.files:
+                raise InputMismatch(
+                    f"{path}: spec.validation.labelsKey is {labels_key!r} and the dataset has no such "
+                    f"array (it has {sorted(data.files)})"
+                )
+            labels = None if labels_key is None else np.asarray(data[labels_key])
+    except InputMismatch:
+        raise
     except (OSError, ValueError) as err:
         raise InputMismatch(f"{path}: cannot read the dataset as .npz: {err}") from None
-    missing = [s.name for s in signature if s.name not in data.files]
-    if missing:
-        raise InputMismatch(
-            f"{path}: dataset has arrays {sorted(data.files)}, missing inputs {missing} "
-            "(keys must be the input names of spec.inputs)"
-        )
-    arrays = {s.name: _check_array(s, data[s.name], str(path)) for s in signature}
+    samples = next(iter(arrays.values())).shape[0] if arrays else 0
+    if labels is not None:
+        labels = _check_labels(labels, labels_key or "", samples, path)
     if batch_dim(signature) is None:
-        return [arrays]
+        return [arrays], labels
     count = {a.shape[0] for a in arrays.values()}
     if len(count) != 1:
         raise InputMismatch(f"{path}: inputs disagree on the number of samples (axis 0): {sorted(count)}")
     n = count.pop()
-    return [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(n)]
+    return [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(n)], labels
 
 
-def load_labels(path: Path, key: str, samples: int) -> np.ndarray[Any, Any]:
-    """The dataset's integer class labels under `key`: one per sample (axis 0)."""
-    with np.load(path, allow_pickle=False) as data:
-        if key not in data.files:
-            raise InputMismatch(
-                f"{path}: spec.validation.labelsKey is {key!r} and the dataset has no such array "
-                f"(it has {sorted(data.files)})"
-            )
-        labels: np.ndarray[Any, Any] = np.asarray(data[key])
+def _check_labels(labels: np.ndarray[Any, Any], key: str, samples: int, path: Path) -> np.ndarray[Any, Any]:
+    """Class labels as int64: 1-D, integer, one per sample (axis 0)."""
     if not np.issubdtype(labels.dtype, np.integer) or labels.ndim != 1:
         raise InputMismatch(
             f"{path}: labels {key!r} must be a 1-D integer array (one class index per sample), "

@@ -187,11 +187,7 @@ def _reference_feeds(cm: CompiledModel, base_dir: Path) -> tuple[list[inputs.Fee
             base_dir,
             cm.spec.registry.s3_endpoint if cm.spec.registry else None,
         )
-        feeds = inputs.load_dataset(path, cm.spec.inputs)
-        if v.labels_key is None:
-            return feeds, None
-        rows = sum(int(f[cm.spec.inputs[0].name].shape[0]) for f in feeds)
-        return feeds, inputs.load_labels(path, v.labels_key, rows)
+        return inputs.load_dataset(path, cm.spec.inputs, v.labels_key)
     return inputs.generate_feeds(cm.spec.inputs, v.samples, v.seed), None
 
 

@@ -58,7 +58,8 @@ def test_generated_feeds_are_deterministic_and_shaped() -> None:
 def test_dataset_split_into_samples(tmp_path: Path) -> None:
     path = tmp_path / "d.npz"
     np.savez(path, ids=np.zeros((5, 16), np.int64), mask=np.ones((5, 16), np.int32))
-    feeds = inputs.load_dataset(path, SIG)
+    feeds, labels = inputs.load_dataset(path, SIG)
+    assert labels is None
     assert len(feeds) == 5 and feeds[0]["ids"].shape == (1, 16) and feeds[0]["mask"].dtype == np.int64
 
 
