@@ -35,8 +35,8 @@ from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunRe
 
 # Runtimes raise these when an artifact cannot run on the reference inputs.
 RUN_ERRORS = (RuntimeError, ValueError)
-# Reasons an auto target drops a backend silently: auto only offers what can build the target.
 _NOT_OFFERED_MAX = 15  # status.notOffered holds 16; the ladder's own note takes the last
+# Reasons an auto target drops a backend silently: auto only offers what can build the target.
 _SILENT_FOR_AUTO = ("UnsupportedPrecision", "UnsupportedDevice", "UnsupportedSource", "NoFastBf16")
 
 
@@ -89,7 +89,7 @@ class _Tournament:
         self.generated = is_generated(target)
         selection = target.selection or Selection()
         self.budget = selection.time_budget_seconds
-        self.remedies = self.generated and selection.remedies
+        self.try_remedies = self.generated and selection.remedies
         self.started = time.monotonic()
 
     def run(self) -> None:
@@ -104,7 +104,7 @@ class _Tournament:
                 continue
             built, cs = self._build(cand)
             validated = _validated(cs)
-            if not validated and built is not None and cs.reason == "ValidationFailed" and self.remedies:
+            if not validated and built is not None and cs.reason == "ValidationFailed" and self.try_remedies:
                 validated = self._remedy(cand, built)
             if validated and ladder:
                 passed = cand.precision
