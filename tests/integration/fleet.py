@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -123,6 +124,12 @@ def success_result(
         ),
     )
     return compact_result(ts, None, "test")
+
+
+def refused_calls(log: str) -> list[str]:
+    """The operator log's lines that show an API call RBAC refused: an ApiException's "(403)" or a
+    Forbidden. A bare "403" would also match a random port or a millisecond stamp in the log."""
+    return [line for line in log.splitlines() if re.search(r"\(403\)|Forbidden", line)]
 
 
 STAND_IN_MODEL = b"TEST STAND-IN for a compiled model"
