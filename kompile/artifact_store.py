@@ -61,6 +61,18 @@ def s3_client(endpoint: str | None, credentials: Credentials | None = None) -> A
             "aws_session_token": credentials.get("AWS_SESSION_TOKEN"),
             "region_name": credentials.get("AWS_REGION") or credentials.get("AWS_DEFAULT_REGION"),
         }
+    # The operator bounds each call (kompile.operator.outages); compile pods keep botocore's defaults.
+    timeout = os.environ.get("KOMPILE_STORE_TIMEOUT_SECONDS")
+    attempts = os.environ.get("KOMPILE_STORE_MAX_ATTEMPTS")
+    if timeout or attempts:
+        from botocore.config import Config
+
+        seconds = float(timeout) if timeout else 60.0
+        kwargs["config"] = Config(
+            connect_timeout=seconds,
+            read_timeout=seconds,
+            retries={"mode": "standard", "max_attempts": int(attempts or 3)},
+        )
     # A fresh session per call: boto3's default session keeps the first credentials it ever read.
     return boto3.session.Session().client("s3", **kwargs)
 

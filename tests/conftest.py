@@ -32,3 +32,13 @@ def _restore_mlflow_tracking_uri() -> Iterator[None]:
         os.environ.pop(TRACKING_URI_ENV, None)
     else:
         os.environ[TRACKING_URI_ENV] = env
+
+
+@pytest.fixture(autouse=True)
+def _fresh_outage_breaker() -> Iterator[None]:
+    """The operator's per-endpoint breaker is process-wide: an outage one test made must not make
+    a later test's MLflow or store calls wait out its backoff."""
+    yield
+    module = sys.modules.get("kompile.operator.outages")
+    if module is not None:
+        module.BREAKER.reset()

@@ -286,7 +286,8 @@ class CompiledModelStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=32,
-        description="Summary conditions: Compiled, Validated and Ready.",
+        description="Summary conditions: Compiled, Validated, Ready; Registered (MLflow) and StoreReachable "
+        "(artifact store) when they apply.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     targets: list[TargetStatus] = Field(

@@ -9,12 +9,15 @@ import logging
 from collections.abc import Callable
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import CompiledModelStatus, TargetStatus
+from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition
+from kompile.operator.outages import BREAKER, is_outage
 from kompile.operator.settings import Settings
 
 log = logging.getLogger("kompile.operator")
 
 EventFn = Callable[[str, str, str], None]
+
+REGISTERED = "Registered"
 
 
 def tracking_uri(cm: CompiledModel, settings: Settings) -> str | None:
@@ -41,7 +44,9 @@ def register_generation(
     if uri is None:
         return
     if status.registry is not None and status.registry.run_id:
-        _register_late(cm, status, settings, event)
+        _register_late(cm, status, settings, event, uri)
+        return
+    if _waiting(uri, status, event):
         return
     from mlflow.exceptions import MlflowException
 
@@ -51,18 +56,20 @@ def register_generation(
     try:
         status.registry = record(cm, status, records, uri, alias_validated=False)
     except (MlflowException, OSError) as err:
-        # Retried at the next reconcile: status.registry stays empty until it succeeds.
-        event("Warning", "RegistryFailed", f"MLflow at {uri}: {type(err).__name__}: {str(err)[:300]}")
+        # Retried after a backoff: status.registry stays empty until it succeeds, and the tags
+        # written so far let the retry find what this attempt made (kompile.registry.record).
+        _failed(uri, status, err, event)
         return
-    versions = ", ".join(f"{t.name}=v{t.registered_version}" for t in status.targets if t.registered_version)
-    event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions or 'no version'}")
+    BREAKER.succeeded(uri)
+    versions = _versions(status.targets) or "no version"
+    event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions}")
 
 
 def _register_late(
-    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, event: EventFn
+    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, event: EventFn, uri: str
 ) -> None:
     late = [t for t in status.targets if t.artifact is not None and not t.registered_version]
-    if not late or status.registry is None:
+    if not late or status.registry is None or _waiting(uri, status, event):
         return
     from mlflow.exceptions import MlflowException
 
@@ -71,10 +78,69 @@ def _register_late(
     try:
         record_late(cm, status, [TargetRecord(t, None, _params(t, settings)) for t in late], status.registry)
     except (MlflowException, OSError) as err:
-        event("Warning", "RegistryFailed", f"MLflow: {type(err).__name__}: {str(err)[:300]}")
+        _failed(uri, status, err, event)
         return
-    versions = ", ".join(f"{t.name}=v{t.registered_version}" for t in late if t.registered_version)
-    event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions}")
+    BREAKER.succeeded(uri)
+    event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {_versions(late)}")
+
+
+def _waiting(uri: str, status: CompiledModelStatus, event: EventFn) -> bool:
+    """True (and Registered=False says why) while MLflow at uri is in its backoff after a failure."""
+    wait = BREAKER.wait(uri)
+    if wait is None:
+        return False
+    seconds, why = wait
+    _set_unregistered(status, "RegistryUnavailable", f"{why}; next attempt in {seconds:.0f} s", event)
+    return True
+
+
+def _failed(uri: str, status: CompiledModelStatus, err: BaseException, event: EventFn) -> None:
+    why = f"MLflow at {uri}: {type(err).__name__}: {str(err)[:300]}"
+    delay = BREAKER.failed(uri, why)
+    reason = "RegistryUnavailable" if is_outage(err) else "RegistryFailed"
+    _set_unregistered(status, reason, f"{why}; next attempt in {delay:.0f} s", event)
+
+
+def _set_unregistered(status: CompiledModelStatus, reason: str, message: str, event: EventFn) -> None:
+    """Registered=False; a Warning only when the reason changes, so an outage posts one Event
+    however many reconciles it lasts."""
+    before = next((c for c in status.conditions if c.type == REGISTERED), None)
+    status.conditions = set_condition(
+        status.conditions, REGISTERED, "False", reason, message[:1000], status.observed_generation
+    )
+    if before is None or (before.status, before.reason) != ("False", reason):
+        event("Warning", reason, message)
+
+
+def _versions(targets: list[TargetStatus]) -> str:
+    return ", ".join(f"{t.name}=v{t.registered_version}" for t in targets if t.registered_version)
+
+
+def settle_registered(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> bool:
+    """Registered=True once the generation's run, every built target's version and every alias
+    move are in MLflow; a failure this reconcile already set it False. Returns whether done."""
+    if tracking_uri(cm, settings) is None:
+        status.conditions = [c for c in status.conditions if c.type != REGISTERED]
+        return True
+    registry = status.registry
+    late = [t.name for t in status.targets if t.artifact is not None and not t.registered_version]
+    done = bool(registry and registry.run_id and not late and not registry.pending_aliases)
+    current = next((c for c in status.conditions if c.type == REGISTERED), None)
+    if done and registry is not None:
+        message = f"MLflow model {registry.model_name}: {_versions(status.targets) or 'no version'}"
+        status.conditions = set_condition(
+            status.conditions, REGISTERED, "True", "Registered", message, status.observed_generation
+        )
+    elif current is None or current.status != "False":
+        status.conditions = set_condition(
+            status.conditions,
+            REGISTERED,
+            "Unknown",
+            "Pending",
+            "recorded in MLflow once every target has settled",
+            status.observed_generation,
+        )
+    return done
 
 
 def move_alias(
@@ -100,14 +166,23 @@ def move_alias(
 
     from kompile.registry import set_alias
 
-    registry.pending_aliases = [p for p in registry.pending_aliases if not p.startswith(f"{hardware_class}:")]
+    pending = [p for p in registry.pending_aliases if p.startswith(f"{hardware_class}:")]
+    if _waiting(uri, status, event):
+        # MLflow is in its backoff: the move waits in pendingAliases with the reason for it.
+        registry.pending_aliases = [p for p in registry.pending_aliases if p not in pending]
+        registry.pending_aliases.append(f"{hardware_class}: version {version} (MLflow unavailable)")
+        return False
+    registry.pending_aliases = [p for p in registry.pending_aliases if p not in pending]
     try:
         set_alias(uri, registry.model_name, hardware_class, version)
     except (MlflowException, OSError) as err:
         why = f"{type(err).__name__}: {str(err)[:200]}"
         registry.pending_aliases.append(f"{hardware_class}: version {version} ({why})")
-        event("Warning", "AliasFailed", f"alias {hardware_class}: {why}; retrying at the next reconcile")
+        if not pending:  # one Event per failed move, however many retries it takes
+            event("Warning", "AliasFailed", f"alias {hardware_class}: {why}; retrying after a backoff")
+        _failed(uri, status, err, lambda *_: None)
         return False
+    BREAKER.succeeded(uri)
     registry.aliases[hardware_class] = version
     event(
         "Normal",

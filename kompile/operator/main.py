@@ -11,6 +11,7 @@ from prometheus_client import start_http_server
 
 from kompile.api.resource import GROUP, PLURAL, VERSION
 from kompile.operator import kube as kube_mod
+from kompile.operator import outages
 from kompile.operator.jobs import LABEL_NAME
 from kompile.operator.reconcile import reconcile
 from kompile.operator.settings import Settings
@@ -35,6 +36,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.posting.level = logging.INFO
+    outages.bound_calls(SETTINGS)
     start_http_server(SETTINGS.metrics_port)
     kube()
 

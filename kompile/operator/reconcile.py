@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -20,7 +20,7 @@ from kompile.api.candidates import backends_of
 from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
-from kompile.artifact_store import StoreError, file_sizes, join, object_version, read_bytes
+from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
 from kompile.operator import metrics, tenancy, tensorrt_match
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import (
@@ -32,7 +32,8 @@ from kompile.operator.jobs import (
     build_job,
 )
 from kompile.operator.kube import Kube
-from kompile.operator.lineage import move_alias, register_generation
+from kompile.operator.lineage import REGISTERED, move_alias, register_generation, settle_registered
+from kompile.operator.outages import BREAKER
 from kompile.operator.results import from_job
 from kompile.operator.serve import reconcile_rollouts
 from kompile.operator.settings import Settings
@@ -59,6 +60,11 @@ def store_root(cm: CompiledModel, settings: Settings) -> str:
     return store or settings.artifact_store
 
 
+STORE_UNAVAILABLE = "StoreUnavailable"
+STORE_REACHABLE = "StoreReachable"
+T = TypeVar("T")
+
+
 class StoreUnavailable(RuntimeError):
     """The artifact store cannot be read now: no cache key can be computed, so nothing is launched."""
 
@@ -72,13 +78,9 @@ def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, imag
     if src.digest:
         return src.digest
     if src.uri.startswith("s3://") and store is not None:
-        try:
-            tag = object_version(src.uri, store.endpoint, store.credentials)
-        except StoreError as err:
-            # Falling back to the URI would change the key: a new Job under another prefix.
-            raise StoreUnavailable(
-                f"cannot read the source's version from the artifact store: {err}"
-            ) from err
+        # Unreadable raises StoreUnavailable: falling back to the URI would change the key (a new
+        # Job under another prefix).
+        tag = store_call(src.uri, store, lambda: object_version(src.uri, store.endpoint, store.credentials))
         if tag:
             return f"s3:{src.uri}@{tag}"
     if src.uri.startswith("python://") and image:
@@ -121,13 +123,33 @@ def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: Event
         return StoreAccess(endpoint, fallback)
 
 
-def read_stored_result(prefix: str, store: StoreAccess) -> JobResult | None:
-    """result.json at a cache prefix, or None when absent or unreadable as one."""
+def store_call(uri: str, store: StoreAccess, call: Callable[[], T]) -> T:
+    """One artifact-store call about uri, through the store endpoint's breaker: StoreUnavailable
+    when it fails, and at once while the endpoint backs off after a failure (no worker waits
+    out a timeout per CompiledModel)."""
+    if not is_s3(uri):
+        try:
+            return call()
+        except StoreError as err:
+            raise StoreUnavailable(str(err)) from err
+    endpoint = store.endpoint or "s3"
+    wait = BREAKER.wait(endpoint)
+    if wait is not None:
+        raise StoreUnavailable(f"{wait[1]}; next attempt in {wait[0]:.0f} s")
     try:
-        data = read_bytes(join(prefix, RESULT_FILE), store.endpoint, store.credentials)
+        out = call()
     except StoreError as err:
-        log.warning("cache lookup failed: %s", err)
-        return None
+        delay = BREAKER.failed(endpoint, f"artifact store {endpoint}: {err}")
+        raise StoreUnavailable(f"artifact store {endpoint}: {err}; next attempt in {delay:.0f} s") from err
+    BREAKER.succeeded(endpoint)
+    return out
+
+
+def read_stored_result(prefix: str, store: StoreAccess) -> JobResult | None:
+    """result.json at a cache prefix, or None when absent or unreadable as one; StoreUnavailable
+    when the store cannot be read (a miss then would compile again what is there)."""
+    uri = join(prefix, RESULT_FILE)
+    data = store_call(uri, store, lambda: read_bytes(uri, store.endpoint, store.credentials))
     if data is None:
         return None
     try:
@@ -141,11 +163,7 @@ def entry_complete(prefix: str, result: JobResult, store: StoreAccess) -> bool:
     was cut short, or one written before results listed their files, is compiled again."""
     if not result.files:
         return False
-    try:
-        present = file_sizes(prefix, store.endpoint, store.credentials)
-    except StoreError as err:
-        log.warning("cache entry %s unreadable: %s", prefix, err)
-        return False
+    present = store_call(prefix, store, lambda: file_sizes(prefix, store.endpoint, store.credentials))
     missing = sorted(rel for rel, size in result.files.items() if present.get(rel) != size)
     if missing:
         log.warning("cache entry %s lacks %s: compiling again", prefix, ", ".join(missing[:5]))
@@ -229,12 +247,16 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
             "fleet discovery found no hardware class and no target is listed",
             generation,
         )
-    if resolved and all(t.phase in TERMINAL for t in targets):
+    settled = bool(resolved) and all(t.phase in TERMINAL for t in targets)
+    if settled:
         register_generation(cm, status, settings, event)
         if cm.spec.rollout and cm.spec.rollout.enabled:
             reconcile_rollouts(cm, status, resolved, kube, settings, event)
         else:
             _alias_winners(cm, status, settings, event, resolved)
+    registered = settle_registered(cm, status, settings)
+    _not_ready_while_unregistered(status, generation)
+    _store_reachable(status, generation, event)
     ready = next(c for c in status.conditions if c.type == "Ready")
     if (
         ready.status != before
@@ -243,7 +265,47 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
     ):
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
     kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
-    return Outcome(status, done=all(t.phase in TERMINAL for t in targets))
+    # Not done while MLflow owes a record: the requeue retries it after the outage's backoff.
+    return Outcome(status, done=all(t.phase in TERMINAL for t in targets) and (registered or not settled))
+
+
+def _store_reachable(status: CompiledModelStatus, generation: int, event: EventFn) -> None:
+    """StoreReachable=False (and Ready's reason) while a target waits on the artifact store; True
+    again once none does. One Warning per outage, not one per reconcile."""
+    waiting = [t for t in status.targets if t.reason == STORE_UNAVAILABLE]
+    before = next((c for c in status.conditions if c.type == STORE_REACHABLE), None)
+    if not waiting:
+        if before is not None:
+            status.conditions = set_condition(
+                status.conditions, STORE_REACHABLE, "True", "Reachable", "", generation
+            )
+        return
+    message = f"{len(waiting)} target(s) wait on the artifact store: {waiting[0].message}"
+    status.conditions = set_condition(
+        status.conditions, STORE_REACHABLE, "False", STORE_UNAVAILABLE, message[:1000], generation
+    )
+    status.conditions = set_condition(
+        status.conditions, "Ready", "False", STORE_UNAVAILABLE, message[:1000], generation
+    )
+    if before is None or before.status != "False":
+        event("Warning", STORE_UNAVAILABLE, message)
+
+
+def _not_ready_while_unregistered(status: CompiledModelStatus, generation: int) -> None:
+    """Validated but not in MLflow (an outage, a refusal) is not Ready: the promise includes the
+    record, and whoever waits on Ready reads the winner from MLflow next."""
+    registered = next((c for c in status.conditions if c.type == REGISTERED), None)
+    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    if registered is None or registered.status != "False" or ready is None or ready.status != "True":
+        return
+    status.conditions = set_condition(
+        status.conditions,
+        "Ready",
+        "False",
+        registered.reason,
+        f"{ready.message}, not yet recorded in MLflow: {registered.message}",
+        generation,
+    )
 
 
 def _tensorrt_refusal(cm: CompiledModel, rt: ResolvedTarget, settings: Settings) -> str | None:
@@ -278,13 +340,7 @@ def _target(
     try:
         key = target_cache_key(cm, rt, settings, store)
     except StoreUnavailable as err:
-        return _status(
-            rt,
-            "",
-            phase="Pending",
-            reason="StoreUnavailable",
-            message=f"{err}; retrying at the next reconcile",
-        )
+        return _store_unavailable(rt, "", err)
     prefix = artifact_prefix(store_root(cm, settings), key)
     if job is not None:
         return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
@@ -292,10 +348,18 @@ def _target(
     if refused:
         event("Warning", "TensorRTVersionMismatch", f"target {rt.name}: {refused}")
         return _status(rt, key, phase="Failed", reason="TensorRTVersionMismatch", message=refused)
-    cached = _cache_hit(cm, rt, store, prefix, key, event)
+    try:
+        cached = _cache_hit(cm, rt, store, prefix, key, event)
+    except StoreUnavailable as err:
+        # Launching on a miss we could not see would compile again what may be there.
+        return _store_unavailable(rt, key, err)
     if cached is not None:
         return cached
     return _launch_job(cm, rt, kube, settings, key, prefix, event)
+
+
+def _store_unavailable(rt: ResolvedTarget, key: str, err: StoreUnavailable) -> TargetStatus:
+    return _status(rt, key, phase="Pending", reason=STORE_UNAVAILABLE, message=f"{err}; retrying")
 
 
 def _status(rt: ResolvedTarget, key: str | None, **fields: Any) -> TargetStatus:
@@ -342,7 +406,12 @@ def _from_job(
     """The target's status from its Job, its pods and the result it stored; metrics and an Event
     once it has settled."""
     namespace = cm.metadata.namespace or "default"
-    stored = read_stored_result(prefix, store)
+    try:
+        stored = read_stored_result(prefix, store)
+    except StoreUnavailable as err:
+        # The termination message may carry the result; else the target awaits the store.
+        log.warning("target %s: %s", rt.name, err)
+        stored = None
     pods = kube.job_pods(namespace, job["metadata"]["name"])
     ts, _digest = from_job(rt, job, pods, stored.target if stored else None)
     ts.cache_key = key

@@ -69,6 +69,10 @@ class Settings:
     """KOMPILE_KSERVE_NAMESPACE: where KServe's inferenceservice-config ConfigMap lives."""
     resync_seconds: float = 10.0
     """KOMPILE_RESYNC_SECONDS: how often a CompiledModel with running Jobs is looked at again."""
+    call_timeout_seconds: float = 10.0
+    """KOMPILE_CALL_TIMEOUT_SECONDS: how long one call to MLflow or the artifact store may take (two
+    tries each); after a failure the endpoint is left alone for a backoff of 5 s doubling to 120 s.
+    MLFLOW_HTTP_REQUEST_TIMEOUT and KOMPILE_STORE_TIMEOUT_SECONDS, when set, win."""
     gpu_tensorrt_version: str | None = None
     """KOMPILE_GPU_TENSORRT_VERSION: TensorRT version the GPU compile image carries (major.minor.
     patch[.build], `python3 -c 'import tensorrt; print(tensorrt.__version__)'` in the image). A plan
@@ -109,6 +113,7 @@ class Settings:
             metrics_port=int(e.get("KOMPILE_METRICS_PORT", d.metrics_port)),
             kserve_namespace=e.get("KOMPILE_KSERVE_NAMESPACE", d.kserve_namespace),
             resync_seconds=float(e.get("KOMPILE_RESYNC_SECONDS", d.resync_seconds)),
+            call_timeout_seconds=float(e.get("KOMPILE_CALL_TIMEOUT_SECONDS", d.call_timeout_seconds)),
             gpu_tensorrt_version=e.get("KOMPILE_GPU_TENSORRT_VERSION") or None,
             serving_tensorrt_version=e.get("KOMPILE_SERVING_TENSORRT_VERSION") or None,
             triton_runtime_version=e.get("KOMPILE_TRITON_RUNTIME_VERSION") or None,

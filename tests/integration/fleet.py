@@ -5,6 +5,7 @@ on hardware this machine does not have)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -149,6 +150,36 @@ def publish_entry(
 
 Decide = Callable[[dict[str, Any]], tuple[int, str]]
 """Given a KWOK compile pod, the (exit code, termination message) it should report."""
+
+
+def tenant_with_store(core: Any, namespace: str, s3: Any, bucket: str) -> dict[str, str]:
+    """A namespace whose Secret `s3-creds` holds keys to a bucket of the test's S3 server; the keys."""
+    core.create_namespace({"metadata": {"name": namespace}})
+    s3.create_bucket(bucket)
+    creds = {
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_REGION": s3.region,
+    }
+    data = {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()}
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "s3-creds"}, "data": data})
+    return creds
+
+
+def publishing_decide(endpoint: str, credentials: dict[str, str], p50: float = 1.0) -> Decide:
+    """Every KWOK compile pod succeeds and publishes its entry straight to S3 at `endpoint`."""
+
+    def decide(pod: dict[str, Any]) -> tuple[int, str]:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        t = json.loads(env["KOMPILE_TARGET"])
+        prefix = env["KOMPILE_ARTIFACT_PREFIX"]
+        compact = success_result(
+            t["name"], t["backend"], t.get("precision", "fp32"), p50=p50, artifact_uri=prefix
+        )
+        publish_entry(prefix, compact, endpoint, credentials)
+        return 0, compact
+
+    return decide
 
 
 class KwokReporter:

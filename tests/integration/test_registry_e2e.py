@@ -4,7 +4,6 @@ stand-in's node; a GPU target is reported by its KWOK pod (TEST STAND-IN for a G
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Iterator
@@ -20,9 +19,9 @@ from devtools.devcluster import ControlPlane
 from tests.integration.fleet import (
     KwokReporter,
     OperatorProcess,
-    publish_entry,
+    publishing_decide,
     small_cnn_manifest,
-    success_result,
+    tenant_with_store,
     wait_for,
 )
 from tests.integration.kubelet_standin import KubeletStandIn
@@ -47,31 +46,8 @@ def e2e(
     work = tmp_path_factory.mktemp("e2e")
     api = config.new_client_from_config(str(control_plane.kubeconfig))
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    core.create_namespace({"metadata": {"name": NS}})
-    s3_server.create_bucket(BUCKET)
-    creds = {
-        "AWS_ACCESS_KEY_ID": s3_server.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
-        "AWS_REGION": s3_server.region,
-    }
-    core.create_namespaced_secret(
-        NS,
-        {
-            "metadata": {"name": "s3-creds"},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()},
-        },
-    )
-
-    def decide(pod: dict[str, Any]) -> tuple[int, str]:
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
-        t = json.loads(env["KOMPILE_TARGET"])
-        prefix = env["KOMPILE_ARTIFACT_PREFIX"]
-        compact = success_result(
-            t["name"], t["backend"], t.get("precision", "fp32"), p50=0.5, artifact_uri=prefix
-        )
-        publish_entry(env["KOMPILE_ARTIFACT_PREFIX"], compact, s3_server.endpoint, creds)
-        return 0, compact
-
+    creds = tenant_with_store(core, NS, s3_server, BUCKET)
+    decide = publishing_decide(s3_server.endpoint, creds, p50=0.5)
     reporter = KwokReporter(control_plane.kubeconfig, NS, decide).start()
     # The operator gets no S3 keys of its own: it reads the Secret the CompiledModel names.
     op = OperatorProcess(control_plane.kubeconfig, NS, "s3://unused/", work / "operator.log").start()

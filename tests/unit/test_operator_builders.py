@@ -336,13 +336,19 @@ def test_result_json_is_one_model_for_both_sides() -> None:
 
 
 def test_a_failed_alias_move_stays_pending_and_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLflow refusing an alias move is not marked done: status lists it as pending, the next
-    reconcile moves it, and a move already made costs no call. MLflow is a stand-in here."""
+    """MLflow refusing an alias move is not marked done: status lists it as pending, a reconcile
+    inside MLflow's backoff makes no call, the next one after it moves it, and a move already made
+    costs no call. MLflow is a stand-in here."""
     from mlflow.exceptions import MlflowException
 
     from kompile import registry
     from kompile.api.status import CompiledModelStatus, RegistryStatus
+    from kompile.operator import lineage
     from kompile.operator.lineage import move_alias
+    from kompile.operator.outages import Breaker
+
+    now = [0.0]
+    monkeypatch.setattr(lineage, "BREAKER", Breaker(first=5.0, clock=lambda: now[0]))
 
     calls: list[tuple[str, str]] = []
     down = [True]
@@ -366,7 +372,12 @@ def test_a_failed_alias_move_stays_pending_and_is_retried(monkeypatch: pytest.Mo
         "cpu-x86: version 7 (MlflowException: 503 Service Unavailable)"
     ]
     assert events[-1] == ("Warning", "AliasFailed")
+    registered = next(c for c in status.conditions if c.type == "Registered")
+    assert (registered.status, registered.reason) == ("False", "RegistryUnavailable")
     down[0] = False
+    assert not move_alias(model, status, Settings(), "cpu-x86", target, event)  # in the backoff
+    assert len(calls) == 1 and status.registry.pending_aliases == ["cpu-x86: version 7 (MLflow unavailable)"]
+    now[0] = 5.0
     assert move_alias(model, status, Settings(), "cpu-x86", target, event)
     assert status.registry.pending_aliases == [] and status.registry.aliases == {"cpu-x86": "7"}
     assert move_alias(model, status, Settings(), "cpu-x86", target, event)

@@ -107,3 +107,54 @@ def test_a_jobs_own_prefix_is_where_its_result_is_read(tmp_path: Any) -> None:
     (rt,) = resolve_targets(cm.spec, [])
     ts = _target(cm, rt, job, None, PodsKube(), Settings(), StoreAccess(None, None), lambda *e: None)  # type: ignore[arg-type]
     assert ts.phase == "Succeeded" and ts.speedup == 2.0 and ts.cache_key == "k" * 40
+
+
+def test_an_unreadable_cache_launches_nothing_and_backs_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache lookup that fails (S3 down) used to count as a miss: a second compile of what may be
+    stored. Now the target waits (Pending, StoreUnavailable) and, within the endpoint's backoff, the
+    store is not called again. The store is a stand-in that fails; the Kube stand-in refuses every
+    call, so no Job can be created."""
+    from kompile.api.resource import parse_manifest
+    from kompile.artifact_store import StoreError
+    from kompile.operator import reconcile as rec
+    from kompile.operator.outages import Breaker
+    from kompile.operator.targets import resolve_targets
+
+    calls: list[str] = []
+
+    def down(uri: str, *_: Any) -> bytes:
+        calls.append(uri)
+        raise StoreError(f"read of {uri} failed: EndpointConnectionError")
+
+    monkeypatch.setattr(rec, "read_bytes", down)
+    monkeypatch.setattr(rec, "BREAKER", Breaker(first=60.0))
+    cm = parse_manifest(_doc({}))
+    (rt,) = resolve_targets(cm.spec, [])
+    settings = Settings(artifact_store="s3://cache/root", s3_endpoint="http://s3.internal:9000")
+    store = rec.StoreAccess("http://s3.internal:9000", None)
+    first = rec._target(cm, rt, None, None, StatusOnlyKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
+    assert (first.phase, first.reason) == ("Pending", "StoreUnavailable"), first
+    assert "EndpointConnectionError" in (first.message or "") and first.job is None
+    again = rec._target(cm, rt, None, None, StatusOnlyKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
+    assert again.reason == "StoreUnavailable" and "next attempt in" in (again.message or "")
+    assert len(calls) == 1  # the second look waited out the backoff instead of calling
+    assert first.cache_key == again.cache_key  # an outage never changes a key
+
+
+def test_the_breaker_doubles_its_backoff_and_lets_one_caller_probe() -> None:
+    from kompile.operator.outages import Breaker
+
+    now = [0.0]
+    b = Breaker(first=5.0, cap=20.0, clock=lambda: now[0])
+    url = "http://mlflow.internal:5000/api"
+    assert b.wait(url) is None
+    assert b.failed(url, "refused") == 5.0
+    assert b.wait("http://mlflow.internal:5000") == (5.0, "refused")  # keyed by host:port
+    assert b.wait("http://other:5000") is None
+    now[0] = 5.0
+    assert b.wait(url) is None  # this caller probes...
+    assert b.wait(url) is not None  # ...the others keep waiting
+    assert b.failed(url, "refused") == 10.0
+    assert b.failed(url, "refused") == 20.0 and b.failed(url, "refused") == 20.0  # capped
+    b.succeeded(url)
+    assert b.wait(url) is None
