@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from kompile.api.resource import CompiledModel
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition
+from kompile.operator.crashpoints import crash_point
 from kompile.operator.outages import BREAKER, is_outage
 from kompile.operator.settings import Settings
 
@@ -60,6 +61,7 @@ def register_generation(
         # written so far let the retry find what this attempt made (kompile.registry.record).
         _failed(uri, status, err, event)
         return
+    crash_point("after-registration")  # MLflow has it, status does not yet
     BREAKER.succeeded(uri)
     versions = _versions(status.targets) or "no version"
     event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions}")

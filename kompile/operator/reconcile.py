@@ -22,6 +22,7 @@ from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
 from kompile.operator import metrics, tenancy, tensorrt_match
+from kompile.operator.crashpoints import crash_point
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import (
     ANNOTATION_CACHE_KEY,
@@ -264,6 +265,7 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         and all(t.phase in TERMINAL for t in targets)
     ):
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
+    crash_point("before-status-patch")
     kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
     # Not done while MLflow owes a record: the requeue retries it after the outage's backoff.
     return Outcome(status, done=all(t.phase in TERMINAL for t in targets) and (registered or not settled))
@@ -473,6 +475,8 @@ def _launch_job(
         return base
     manifest = build_job(cm, rt, key, prefix, settings)
     created = kube.create_job(cm.metadata.namespace or "default", manifest)
+    if created:
+        crash_point("after-job-create")
     base.job = manifest["metadata"]["name"]
     base.message = "compile Job created"
     if created:
