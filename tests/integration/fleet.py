@@ -61,6 +61,30 @@ CLASSES = {
 }
 
 
+def gpu_target(name: str, product: str) -> dict[str, Any]:
+    """A TensorRT fp16 target pinned to one GPU product (KWOK nodes only: no real compile)."""
+    return {
+        "name": name,
+        "backend": "tensorrt",
+        "precision": "fp16",
+        "hardware": {"nodeSelector": {"nvidia.com/gpu.product": product}},
+    }
+
+
+def cpu_target(name: str, arch: str) -> dict[str, Any]:
+    """An ONNX Runtime fp32 target pinned to a CPU architecture."""
+    return {
+        "name": name,
+        "backend": "onnxruntime",
+        "precision": "fp32",
+        "hardware": {"nodeSelector": {"kubernetes.io/arch": arch}},
+    }
+
+
+KWOK_TARGETS = [gpu_target("l4", "NVIDIA-L4"), cpu_target("arm", "arm64")]
+"""Two targets only KWOK nodes take: each test's pods are completed by its KwokReporter."""
+
+
 def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
     gpu = "nvidia.com/gpu.product" in labels
     alloc = {"cpu": "32", "memory": "256Gi", "pods": "110", **({"nvidia.com/gpu": "8"} if gpu else {})}
@@ -146,6 +170,25 @@ def publish_entry(
     write_bytes(join(prefix, "stand-in", "1", "model.bin"), STAND_IN_MODEL, endpoint, credentials)
     doc = json.loads(compact) | {"files": {"stand-in/1/model.bin": len(STAND_IN_MODEL)}}
     write_bytes(join(prefix, "result.json"), json.dumps(doc).encode(), endpoint, credentials)
+
+
+def token_kubeconfig(plane: Any, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig holding a token of a ServiceAccount: the credentials a pod running as it gets
+    (not the admin certificate, whose group RBAC and API Priority and Fairness both exempt)."""
+    token = plane.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = json.loads(plane.kubeconfig.read_text())
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [
+            {"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}
+        ],
+        "current-context": account,
+    }
+    path.write_text(json.dumps(doc))
+    return path
 
 
 Decide = Callable[[dict[str, Any]], tuple[int, str]]

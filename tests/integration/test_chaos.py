@@ -33,6 +33,8 @@ from tests.integration.fleet import (
     LOCAL_NODE,
     KwokReporter,
     OperatorProcess,
+    cpu_target,
+    gpu_target,
     kwok_node,
     publish_entry,
     small_cnn_manifest,
@@ -62,30 +64,12 @@ A10_NODES = {
 """A fifth hardware class for this module only (the session fleet has four on KWOK nodes)."""
 
 
-def _gpu_target(name: str, product: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "backend": "tensorrt",
-        "precision": "fp16",
-        "hardware": {"nodeSelector": {"nvidia.com/gpu.product": product}},
-    }
-
-
-def _cpu_target(name: str, arch: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "backend": "onnxruntime",
-        "precision": "fp32",
-        "hardware": {"nodeSelector": {"kubernetes.io/arch": arch}},
-    }
-
-
 TARGETS = [
-    _gpu_target("h100", "NVIDIA-H100-80GB-HBM3"),
-    _gpu_target("l4", "NVIDIA-L4"),
-    _gpu_target("a10", "NVIDIA-A10"),
-    _cpu_target("x86", "amd64"),
-    _cpu_target("arm", "arm64"),
+    gpu_target("h100", "NVIDIA-H100-80GB-HBM3"),
+    gpu_target("l4", "NVIDIA-L4"),
+    gpu_target("a10", "NVIDIA-A10"),
+    cpu_target("x86", "amd64"),
+    cpu_target("arm", "arm64"),
 ]
 
 

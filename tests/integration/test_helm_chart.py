@@ -18,7 +18,14 @@ import pytest
 import yaml
 
 from devtools.devcluster import ControlPlane, find_bin_dir
-from tests.integration.fleet import LOCAL_NODE, OperatorProcess, refused_calls, small_cnn_manifest, wait_for
+from tests.integration.fleet import (
+    LOCAL_NODE,
+    OperatorProcess,
+    refused_calls,
+    small_cnn_manifest,
+    token_kubeconfig,
+    wait_for,
+)
 from tests.integration.kubelet_standin import KubeletStandIn
 from tests.support.kserve import KServeControllerStandIn, install_crd
 from tests.support.servers import MlflowServer, S3Server
@@ -178,20 +185,7 @@ def ensure_namespace(plane: ControlPlane, name: str) -> None:
 
 def sa_kubeconfig(plane: ControlPlane, path: Path) -> Path:
     """A kubeconfig holding a token of the chart's ServiceAccount: the credentials its pod would get."""
-    token = plane.kubectl("create", "token", RELEASE, "-n", SYSTEM_NS, "--duration=1h").stdout.strip()
-    admin = json.loads(plane.kubeconfig.read_text())
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": admin["clusters"],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [
-            {"name": "operator", "context": {"cluster": admin["clusters"][0]["name"], "user": "operator"}}
-        ],
-        "current-context": "operator",
-    }
-    path.write_text(json.dumps(doc))
-    return path
+    return token_kubeconfig(plane, SYSTEM_NS, RELEASE, path)
 
 
 @pytest.fixture(scope="module")

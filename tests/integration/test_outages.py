@@ -21,6 +21,7 @@ from mlflow import MlflowClient
 
 from devtools.devcluster import ControlPlane
 from tests.integration.fleet import (
+    KWOK_TARGETS,
     KwokReporter,
     OperatorProcess,
     publishing_decide,
@@ -38,20 +39,7 @@ GROUP, VERSION, PLURAL = "kompile.dev", "v1alpha1", "compiledmodels"
 CALL_TIMEOUT = 2
 STATUS_WITHIN = 45.0
 """Seconds within which status must show an outage: a few bounded calls and one requeue."""
-TARGETS = [
-    {
-        "name": "l4",
-        "backend": "tensorrt",
-        "precision": "fp16",
-        "hardware": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
-    },
-    {
-        "name": "arm",
-        "backend": "onnxruntime",
-        "precision": "fp32",
-        "hardware": {"nodeSelector": {"kubernetes.io/arch": "arm64"}},
-    },
-]
+TARGETS = KWOK_TARGETS
 
 
 def _proxy(url: str) -> FaultyProxy:
