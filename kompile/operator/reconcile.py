@@ -285,7 +285,7 @@ def _target(
             reason="StoreUnavailable",
             message=f"{err}; retrying at the next reconcile",
         )
-    prefix = artifact_prefix(store_root(cm, settings), key)
+    prefix = artifact_prefix(store_root(cm, settings), cm.metadata.namespace or "default", key)
     if job is not None:
         return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
     refused = _tensorrt_refusal(cm, rt, settings)
