@@ -9,12 +9,15 @@ import logging
 from collections.abc import Callable
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import CompiledModelStatus, TargetStatus
+from kompile.api.status import READY, CompiledModelStatus, TargetStatus, set_condition
 from kompile.operator.settings import Settings
 
 log = logging.getLogger("kompile.operator")
 
 EventFn = Callable[[str, str, str], None]
+
+REGISTERED = "Registered"
+TAKEN = "ModelNameTaken"
 
 
 def tracking_uri(cm: CompiledModel, settings: Settings) -> str | None:
@@ -49,6 +52,8 @@ def register_generation(
 
     records = [TargetRecord(t, None, _params(t, settings)) for t in status.targets if t.phase != "Skipped"]
     try:
+        if _name_taken(cm, status, uri, event):
+            return
         status.registry = record(cm, status, records, uri, alias_validated=False)
     except (MlflowException, OSError) as err:
         # Retried at the next reconcile: status.registry stays empty until it succeeds.
@@ -56,6 +61,24 @@ def register_generation(
         return
     versions = ", ".join(f"{t.name}=v{t.registered_version}" for t in status.targets if t.registered_version)
     event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions or 'no version'}")
+
+
+def _name_taken(cm: CompiledModel, status: CompiledModelStatus, uri: str, event: EventFn) -> bool:
+    """Refuse, before any run or version, a model name that another namespace's CompiledModel (or
+    someone outside kompile) registered: Registered and Ready go False, reason ModelNameTaken."""
+    from kompile.registry import check_model_owner, model_name
+
+    namespace = cm.metadata.namespace or "default"
+    refused = check_model_owner(uri, model_name(cm), namespace)
+    if refused is None:
+        return False
+    generation = cm.metadata.generation
+    before = next((c for c in status.conditions if c.type == REGISTERED), None)
+    for type_ in (REGISTERED, READY):
+        status.conditions = set_condition(status.conditions, type_, "False", TAKEN, refused, generation)
+    if before is None or before.reason != TAKEN:
+        event("Warning", TAKEN, refused)
+    return True
 
 
 def _register_late(
