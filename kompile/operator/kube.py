@@ -135,14 +135,11 @@ class Kube:
         out: dict[str, Any] = self.api.sanitize_for_serialization(cm)
         return out
 
-    def apply_config_map(self, namespace: str, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        try:
-            self.core.replace_namespaced_config_map(name, namespace, body, _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            self.core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+    def create_config_map(self, namespace: str, body: dict[str, Any]) -> None:
+        self.core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+
+    def replace_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.core.replace_namespaced_config_map(name, namespace, body, _request_timeout=REQUEST_TIMEOUT)
 
     def get_crd(self, name: str) -> dict[str, Any] | None:
         try:

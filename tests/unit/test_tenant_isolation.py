@@ -83,3 +83,62 @@ def test_a_cache_entry_of_one_namespace_is_never_a_hit_in_another(tmp_path: Path
     (b_job,) = team_b.jobs  # compiled again, in its own folder
     assert "/cache/team-b/" in b_job["metadata"]["annotations"][ANNOTATION_PREFIX]
     assert team_b.patches[-1]["targets"][0].get("reason") != "CacheHit"
+
+
+class ConfigMapKube:
+    """One namespace's ConfigMaps, as the API server keeps them (resourceVersion checked on
+    replace); what reconcile's GitOps writer does to them."""
+
+    def __init__(self, existing: dict[str, Any] | None = None) -> None:
+        self.maps: dict[str, dict[str, Any]] = {}
+        if existing is not None:
+            self.maps[existing["metadata"]["name"]] = existing | {}
+        self.writes: list[str] = []
+
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.maps.get(name)
+
+    def create_config_map(self, namespace: str, body: dict[str, Any]) -> None:
+        assert body["metadata"]["name"] not in self.maps, "create over an existing ConfigMap"
+        self.maps[body["metadata"]["name"]] = body | {"metadata": body["metadata"] | {"resourceVersion": "1"}}
+        self.writes.append("create")
+
+    def replace_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        assert body["metadata"].get("resourceVersion") == self.maps[name]["metadata"]["resourceVersion"]
+        self.maps[name] = body
+        self.writes.append("replace")
+
+
+def _gitops_cm(uid: str) -> Any:
+    from kompile.api.resource import parse_manifest
+
+    return parse_manifest(
+        doc("team-b", uid, rollout={"enabled": True, "gitops": {"configMap": "app-config"}}, registry={})
+    )
+
+
+MANIFEST = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "m"}}
+
+
+def test_gitops_writes_only_a_configmap_this_compiledmodel_owns() -> None:
+    from kompile.operator.serve import write_gitops_config_map
+
+    foreign = {
+        "metadata": {"name": "app-config", "resourceVersion": "7", "ownerReferences": []},
+        "data": {"database": "postgres://prod"},
+    }
+    kube = ConfigMapKube(foreign)
+    refused = write_gitops_config_map(_gitops_cm("u-1"), [MANIFEST], kube)  # type: ignore[arg-type]
+    assert refused and "ConfigMap app-config exists and is not owned by this CompiledModel" in refused
+    assert "spec.rollout.gitops.configMap" in refused
+    assert kube.writes == [] and kube.maps["app-config"] == foreign
+
+    fresh = ConfigMapKube()
+    assert write_gitops_config_map(_gitops_cm("u-1"), [MANIFEST], fresh) is None  # type: ignore[arg-type]
+    made = fresh.maps["app-config"]
+    assert made["metadata"]["ownerReferences"][0]["uid"] == "u-1" and "m.yaml" in made["data"]
+    # Its own ConfigMap is updated in place; another CompiledModel's (another uid) is not.
+    assert write_gitops_config_map(_gitops_cm("u-1"), [MANIFEST], fresh) is None  # type: ignore[arg-type]
+    assert fresh.writes == ["create", "replace"]
+    assert write_gitops_config_map(_gitops_cm("u-2"), [MANIFEST], fresh)  # type: ignore[arg-type]
+    assert fresh.writes == ["create", "replace"]
