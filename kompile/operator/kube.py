@@ -7,6 +7,7 @@ loop never blocks on these calls.
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from kubernetes import client, config
@@ -17,6 +18,15 @@ from kompile.api.resource import GROUP, PLURAL, VERSION
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 REQUEST_TIMEOUT = 30
+
+
+def api_message(err: ApiException) -> str:
+    """The API server's own message of a refusal (it names the field), else the HTTP reason."""
+    try:
+        message = json.loads(err.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or f"{err.status} {err.reason}")
 
 
 def load_config() -> None:
