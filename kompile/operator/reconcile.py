@@ -219,7 +219,8 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
             continue
         targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event))
     status.targets = targets
-    before = next((c.status for c in status.conditions if c.type == "Ready"), None)
+    was = next((c for c in status.conditions if c.type == "Ready"), None)
+    before = was.status if was else None
     summarize(status, generation)
     if not resolved:
         status.conditions = set_condition(
@@ -237,6 +238,9 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         else:
             _alias_winners(cm, status, settings, event, resolved)
     ready = next(c for c in status.conditions if c.type == "Ready")
+    if was is not None and ready.status == was.status:
+        # A refusal after summarize (registry, GitOps) may have flipped Ready and back: unchanged.
+        ready.last_transition_time = was.last_transition_time
     if (
         ready.status != before
         and ready.status in ("True", "False")

@@ -271,8 +271,10 @@ def test_a_model_name_of_another_namespace_is_refused(hostile: dict[str, Any]) -
         c for c in _get(hostile, NS_B, "intruder")["status"]["conditions"] if c["type"] == "Registered"
     )
     assert registered_cond["reason"] == "ModelNameTaken"
-    time.sleep(5)  # a few resyncs: still nothing added
+    time.sleep(5)  # a few resyncs: still nothing added, and the condition holds still
     assert [v.version for v in ml.search_model_versions("name='team-model'")] == versions
+    later = _ready(hostile, NS_B, "intruder", "ModelNameTaken")
+    assert later is not None and later["lastTransitionTime"] == cond["lastTransitionTime"]
     assert ml.get_experiment_by_name(f"kompile/{NS_B}/intruder") is None
     assert ml.get_registered_model("team-model").tags["kompile.namespace"] == NS_A
 

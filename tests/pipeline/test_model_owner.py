@@ -74,3 +74,35 @@ def test_a_model_kompile_did_not_create_is_refused(tmp_path: Path) -> None:
     cond = _condition(status, "Registered")
     assert cond is not None and cond.reason == "ModelNameTaken"
     assert "kompile.namespace=team-a" in cond.message  # how its owner claims it
+
+
+def test_the_refusal_holds_still_across_reconciles(tmp_path: Path) -> None:
+    """Each reconcile summarizes Ready from the targets (True: all validated) before the registry
+    refuses (False): the condition's lastTransitionTime must not move every time."""
+    import time
+
+    from mlflow import MlflowClient
+
+    from kompile.operator.jobs import ANNOTATION_PREFIX
+    from kompile.operator.reconcile import reconcile
+    from tests.unit.test_tenant_isolation import RecordingKube, _validated_entry, doc
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_registered_model("m")  # made by hand: not team-a's
+    settings = Settings(artifact_store=(tmp_path / "store").as_uri(), tracking_uri=uri)
+    first = RecordingKube()
+    reconcile(doc("team-a", "u-a"), first, settings, lambda *e: None)  # type: ignore[arg-type]
+    _validated_entry(first.jobs[0]["metadata"]["annotations"][ANNOTATION_PREFIX])
+
+    def ready_after(status: dict[str, Any] | None) -> dict[str, Any]:
+        kube = RecordingKube()
+        reconcile(doc("team-a", "u-a2") | {"status": status or {}}, kube, settings, lambda *e: None)  # type: ignore[arg-type]
+        return kube.patches[-1]
+
+    status = ready_after(None)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ModelNameTaken"
+    time.sleep(1.1)
+    again = next(c for c in ready_after(status)["conditions"] if c["type"] == "Ready")
+    assert again["reason"] == "ModelNameTaken"
+    assert again["lastTransitionTime"] == ready["lastTransitionTime"]
