@@ -26,6 +26,9 @@ from kompile.api.status import (
 )
 
 DEFAULT_TRACKING_URI = "sqlite:///.kompile/mlflow.db"
+# The namespace whose CompiledModel created a registered model: MLflow names are global, so this
+# tag is what keeps another namespace from adding versions or moving aliases on it.
+OWNER_TAG = "kompile.namespace"
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,34 @@ def source_lineage(client: Any, uri: str) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
+def model_name(cm: CompiledModel) -> str:
+    """The registered model's name: spec.registry.modelName, else the CompiledModel's name."""
+    return (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
+
+
+def check_model_owner(tracking_uri: str, name: str, namespace: str) -> str | None:
+    """Why a CompiledModel of `namespace` may not register under `name`, or None: the model exists
+    and its owner tag names another namespace, or it has none (made by hand, by `kompile run`, or by
+    an operator older than the tag). Absent models are free: record() creates them with the tag."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = _client(tracking_uri).get_registered_model(name)
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    owner = (model.tags or {}).get(OWNER_TAG)
+    if owner == namespace:
+        return None
+    held = f"belongs to namespace {owner}" if owner else f"has no {OWNER_TAG} tag (not made by the operator)"
+    return (
+        f"MLflow model {name!r} {held}: set spec.registry.modelName to a name of your own "
+        f"(for example {namespace}-{name})"
+        + ("" if owner else f", or, if the model is yours, tag it {OWNER_TAG}={namespace} in MLflow")
+    )
+
+
 def record(
     cm: CompiledModel,
     status: CompiledModelStatus,
@@ -140,7 +171,7 @@ def record(
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
-    name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
+    name = model_name(cm)
     experiment = f"kompile/{cm.metadata.namespace or 'local'}/{cm.metadata.name}"
     exp = client.get_experiment_by_name(experiment)
     # With a database store and no server, MLflow would put artifacts in ./mlruns of the cwd.
@@ -163,7 +194,8 @@ def record(
     try:
         client.get_registered_model(name)
     except MlflowException:
-        client.create_registered_model(name, tags={"kompile.compiledmodel": cm.metadata.name})
+        owner = {OWNER_TAG: cm.metadata.namespace} if cm.metadata.namespace else {}
+        client.create_registered_model(name, tags={"kompile.compiledmodel": cm.metadata.name, **owner})
     # An operator's generation is recorded once: a retry after a crash finds the parent it wrote.
     found = _runs(client, exp_id, parent_tags, "kompile.run", "kompile.uid", "kompile.generation")
     parent = (

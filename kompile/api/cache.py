@@ -48,6 +48,13 @@ def cache_key(
     return hashlib.sha256(blob).hexdigest()[:40]
 
 
-def artifact_prefix(store_root: str, key: str) -> str:
-    """Where the artifact for `key` lives: a Triton repository root plus result.json."""
-    return f"{store_root.rstrip('/')}/cache/{key}"
+def artifact_prefix(store_root: str, namespace: str, key: str) -> str:
+    """Where the artifact for `key` lives: a Triton repository root plus result.json. Each
+    namespace has its own folder, so one tenant's entry is never another's cache hit, and a store's
+    policy can scope a namespace's credentials to `<root>/cache/<namespace>/`."""
+    return f"{store_root.rstrip('/')}/cache/{namespace}/{key}"
+
+
+def prefix_root(prefix: str) -> str:
+    """The store root of a prefix made by artifact_prefix (its last three segments dropped)."""
+    return prefix.rstrip("/").rsplit("/", 3)[0]

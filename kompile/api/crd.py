@@ -32,6 +32,8 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         target.update(node)
         node = target
     any_of = node.get("anyOf")
+    if isinstance(any_of, list) and _int_or_string(any_of):
+        return _as_int_or_string(node, any_of, defs)
     if isinstance(any_of, list):
         rest = [s for s in any_of if s != {"type": "null"}]
         if len(rest) == 1:
@@ -60,6 +62,22 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if "properties" in out:
         out.setdefault("type", "object")
     return out
+
+
+def _int_or_string(any_of: list[Any]) -> bool:
+    types = sorted(str(b.get("type")) for b in any_of if isinstance(b, dict))
+    return len(any_of) == 2 and types == ["integer", "string"]
+
+
+def _as_int_or_string(node: dict[str, Any], any_of: list[Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """anyOf [integer, string] (a quantity) as a structural schema has it: no type, the
+    x-kubernetes-int-or-string marker, and each branch's bounds beside it (pattern and maxLength
+    only bind strings, minimum only numbers)."""
+    out = {k: v for k, v in node.items() if k != "anyOf"}
+    for branch in any_of:
+        out.update({k: v for k, v in branch.items() if k != "type"})
+    resolved: dict[str, Any] = _resolve(out, defs)
+    return resolved | {"x-kubernetes-int-or-string": True}
 
 
 def openapi_schema(model: type[Any]) -> dict[str, Any]:

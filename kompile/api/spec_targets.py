@@ -18,7 +18,10 @@ from kompile.api.catalog import (
 from kompile.api.catalog.cel import option_rules
 from kompile.api.vocabulary import (
     DNS_LABEL_PATTERN,
+    LABEL_KEY_MAX,
+    LABEL_VALUE_MAX,
     NAME_MAX,
+    QUANTITY_PATTERN,
     Precision,
     Quantization,
     SelectionPolicy,
@@ -46,19 +49,37 @@ def _check_options(owner: str, backend: str, options: dict[str, str] | None) -> 
         raise ValueError(f"{owner}: {err}") from None
 
 
+# A quantity is an integer or a string such as 500m or 4Gi (x-kubernetes-int-or-string in the CRD).
+Quantity = Annotated[
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)],
+    Field(description="A Kubernetes quantity: 2, 500m, 4Gi."),
+]
+ResourceList = dict[Annotated[str, Field(max_length=LABEL_KEY_MAX)], Quantity]  # cpu, nvidia.com/gpu
+LabelKey = Annotated[str, Field(max_length=LABEL_KEY_MAX)]
+LabelMap = dict[LabelKey, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]]
+
+
 class Resources(ApiModel):
     """Compute resources of the compile Job's container (Kubernetes quantities)."""
 
-    requests: dict[str, str] | None = Field(default=None, description="Resource requests.")
-    limits: dict[str, str] | None = Field(default=None, description="Resource limits.")
+    requests: ResourceList | None = Field(
+        default=None, max_length=16, description="Resource requests, name -> quantity (cpu: 500m)."
+    )
+    limits: ResourceList | None = Field(
+        default=None, max_length=16, description="Resource limits, name -> quantity (memory: 16Gi)."
+    )
 
 
 class Toleration(ApiModel):
     """A Kubernetes toleration for the compile Job's pod."""
 
-    key: str | None = Field(default=None, description="Taint key the toleration applies to.")
+    key: str | None = Field(
+        default=None, max_length=LABEL_KEY_MAX, description="Taint key the toleration applies to."
+    )
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: str | None = Field(default=None, description="Taint value for the Equal operator.")
+    value: str | None = Field(
+        default=None, max_length=LABEL_VALUE_MAX, description="Taint value for the Equal operator."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate; empty tolerates every effect."
     )
@@ -67,15 +88,15 @@ class Toleration(ApiModel):
 class Hardware(ApiModel):
     """Where a target's compile Job runs: it must run on the hardware the artifact is built for."""
 
-    node_selector: dict[str, str] | None = Field(
-        default=None, description="Node labels the compile Job's pod must match."
+    node_selector: LabelMap | None = Field(
+        default=None, max_length=32, description="Node labels the compile Job's pod must match."
     )
     tolerations: list[Toleration] | None = Field(
         default=None, max_length=16, description="Tolerations added to the compile Job's pod."
     )
     resources: Resources | None = Field(default=None, description="Container resources.")
     runtime_class_name: str | None = Field(
-        default=None, description="RuntimeClass of the pod (for example nvidia)."
+        default=None, max_length=253, description="RuntimeClass of the pod (for example nvidia)."
     )
 
 

@@ -24,6 +24,8 @@ READY = "Ready"
 
 # What status holds per target: the tournament builds no more (kompile.compile_jobs.build).
 CANDIDATES_MAX = 24
+# Targets status holds: more are refused before any Job (kompile.operator.spec_limits).
+TARGETS_MAX = 64
 
 
 class Condition(ApiModel):
@@ -292,7 +294,7 @@ class CompiledModelStatus(ApiModel):
     )
     targets: list[TargetStatus] = Field(
         default_factory=list,
-        max_length=64,
+        max_length=TARGETS_MAX,
         description="One entry per target.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )

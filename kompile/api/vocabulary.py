@@ -20,6 +20,13 @@ DeploymentMode = Literal["Serverless", "RawDeployment", "Standard"]
 SOURCE_URI_PATTERN = r"^(s3://|file://|models:/|runs:/|python://|/|\./|\.\./|[A-Za-z0-9_.-][^:]*$)"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX = 63
+# A Kubernetes resource quantity as a string (2, 500m, 4Gi, 1e3), never negative: the API server
+# would refuse the compile Job instead, at every reconcile.
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY_PATTERN = rf"^{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"
+# Label keys: an optional DNS-subdomain prefix (253) and "/" before a name (63); values: 63.
+LABEL_KEY_MAX = 317
+LABEL_VALUE_MAX = 63
 
 
 def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:

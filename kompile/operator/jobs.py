@@ -11,6 +11,7 @@ import hashlib
 import re
 from typing import Any
 
+from kompile.api.cache import prefix_root
 from kompile.api.job_contract import TIMING_CACHES, ExitCode, JobSpec
 from kompile.api.resource import API_VERSION, KIND, CompiledModel
 from kompile.operator.settings import Settings
@@ -66,7 +67,7 @@ def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Setti
         "spec": cm.spec.to_wire(),
     }
     registry = cm.spec.registry
-    root = prefix.rsplit("/cache/", 1)[0]
+    root = prefix_root(prefix)
     return JobSpec(
         compiled_model=doc,
         target=rt.target,

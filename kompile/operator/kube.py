@@ -7,6 +7,7 @@ loop never blocks on these calls.
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from kubernetes import client, config
@@ -17,6 +18,15 @@ from kompile.api.resource import GROUP, PLURAL, VERSION
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 REQUEST_TIMEOUT = 30
+
+
+def api_message(err: ApiException) -> str:
+    """The API server's own message of a refusal (it names the field), else the HTTP reason."""
+    try:
+        message = json.loads(err.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or f"{err.status} {err.reason}")
 
 
 def load_config() -> None:
@@ -135,14 +145,11 @@ class Kube:
         out: dict[str, Any] = self.api.sanitize_for_serialization(cm)
         return out
 
-    def apply_config_map(self, namespace: str, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        try:
-            self.core.replace_namespaced_config_map(name, namespace, body, _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            self.core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+    def create_config_map(self, namespace: str, body: dict[str, Any]) -> None:
+        self.core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+
+    def replace_config_map(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.core.replace_namespaced_config_map(name, namespace, body, _request_timeout=REQUEST_TIMEOUT)
 
     def get_crd(self, name: str) -> dict[str, Any] | None:
         try:

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition
+from kompile.api.status import READY, CompiledModelStatus, TargetStatus, set_condition
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.outages import BREAKER, is_outage
 from kompile.operator.settings import Settings
@@ -19,6 +19,7 @@ log = logging.getLogger("kompile.operator")
 EventFn = Callable[[str, str, str], None]
 
 REGISTERED = "Registered"
+TAKEN = "ModelNameTaken"
 
 
 def tracking_uri(cm: CompiledModel, settings: Settings) -> str | None:
@@ -55,6 +56,9 @@ def register_generation(
 
     records = [TargetRecord(t, None, _params(t, settings)) for t in status.targets if t.phase != "Skipped"]
     try:
+        if _name_taken(cm, status, uri, event):
+            BREAKER.succeeded(uri)  # MLflow answered: a refusal, not an outage
+            return
         status.registry = record(cm, status, records, uri, alias_validated=False)
     except (MlflowException, OSError) as err:
         # Retried after a backoff: status.registry stays empty until it succeeds, and the tags
@@ -65,6 +69,24 @@ def register_generation(
     BREAKER.succeeded(uri)
     versions = _versions(status.targets) or "no version"
     event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions}")
+
+
+def _name_taken(cm: CompiledModel, status: CompiledModelStatus, uri: str, event: EventFn) -> bool:
+    """Refuse, before any run or version, a model name that another namespace's CompiledModel (or
+    someone outside kompile) registered: Registered and Ready go False, reason ModelNameTaken."""
+    from kompile.registry import check_model_owner, model_name
+
+    namespace = cm.metadata.namespace or "default"
+    refused = check_model_owner(uri, model_name(cm), namespace)
+    if refused is None:
+        return False
+    generation = cm.metadata.generation
+    before = next((c for c in status.conditions if c.type == REGISTERED), None)
+    for type_ in (REGISTERED, READY):
+        status.conditions = set_condition(status.conditions, type_, "False", TAKEN, refused, generation)
+    if before is None or before.reason != TAKEN:
+        event("Warning", TAKEN, refused)
+    return True
 
 
 def _register_late(

@@ -21,7 +21,7 @@ from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
-from kompile.operator import metrics, tenancy, tensorrt_match
+from kompile.operator import metrics, spec_limits, tenancy, tensorrt_match
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.fleet import discover
 from kompile.operator.jobs import (
@@ -32,7 +32,7 @@ from kompile.operator.jobs import (
     LABEL_UID,
     build_job,
 )
-from kompile.operator.kube import Kube
+from kompile.operator.kube import Kube, api_message
 from kompile.operator.lineage import REGISTERED, move_alias, register_generation, settle_registered
 from kompile.operator.outages import BREAKER
 from kompile.operator.results import from_job
@@ -199,15 +199,12 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         return Outcome(status, done=True)
 
     status = _previous(doc, generation)
-    refused = tenancy.refusal(cm, settings)
-    if refused:  # before any Job, Secret read or MLflow call: nothing of the operator's goes there
-        status.conditions = set_condition(
-            status.conditions, "Ready", "False", "EndpointNotAllowed", refused, generation
-        )
-        status.observed_generation = generation
-        kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
-        event("Warning", "EndpointNotAllowed", refused)
-        return Outcome(status, done=True)
+    # Before any Job, Secret read or MLflow call: nothing of the operator's goes there.
+    refused, reason = spec_limits.oversized(cm), "InvalidSpec"
+    if refused is None:
+        refused, reason = tenancy.refusal(cm, settings), "EndpointNotAllowed"
+    if refused:
+        return _refuse(status, reason, refused, doc, kube, event)
     old = {t.name: t for t in status.targets}
     uid = cm.metadata.uid or ""
     jobs = kube.list_jobs(namespace, f"{LABEL_UID}={uid}")
@@ -228,6 +225,10 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
 
     classes = discover(kube.list_nodes())
     resolved = resolve_targets(cm.spec, classes, settings.runtime_class_gpu)
+    too_many = spec_limits.too_many_targets(cm, len(resolved))
+    if too_many:  # status could not hold them: every patch would be refused
+        status.targets = []
+        return _refuse(status, "TooManyTargets", too_many, doc, kube, event)
     store = store_access(cm, kube, settings, event)
     targets: list[TargetStatus] = []
     for rt in resolved:
@@ -237,7 +238,8 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
             continue
         targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event))
     status.targets = targets
-    before = next((c.status for c in status.conditions if c.type == "Ready"), None)
+    was = next((c for c in status.conditions if c.type == "Ready"), None)
+    before = was.status if was else None
     summarize(status, generation)
     if not resolved:
         status.conditions = set_condition(
@@ -259,6 +261,9 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
     _not_ready_while_unregistered(status, generation)
     _store_reachable(status, generation, event)
     ready = next(c for c in status.conditions if c.type == "Ready")
+    if was is not None and ready.status == was.status:
+        # A refusal after summarize (registry, GitOps) may have flipped Ready and back: unchanged.
+        ready.last_transition_time = was.last_transition_time
     if (
         ready.status != before
         and ready.status in ("True", "False")
@@ -310,6 +315,28 @@ def _not_ready_while_unregistered(status: CompiledModelStatus, generation: int) 
     )
 
 
+def _refuse(
+    status: CompiledModelStatus,
+    reason: str,
+    message: str,
+    doc: Mapping[str, Any],
+    kube: Kube,
+    event: EventFn,
+) -> Outcome:
+    """Ready=False with the reason, written and (on a change of reason) told in an Event."""
+    meta = doc.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    before = next((c.reason for c in status.conditions if c.type == "Ready"), None)
+    status.conditions = set_condition(status.conditions, "Ready", "False", reason, message, generation)
+    status.observed_generation = generation
+    kube.patch_status(
+        meta.get("namespace", "default"), meta.get("name", ""), status.model_dump(by_alias=True, mode="json")
+    )
+    if before != reason:
+        event("Warning", reason, message)
+    return Outcome(status, done=True)
+
+
 def _tensorrt_refusal(cm: CompiledModel, rt: ResolvedTarget, settings: Settings) -> str | None:
     """A plan only loads on the TensorRT release that built it: refuse before any Job runs when
     the GPU compile image's TensorRT is not the serving runtime's."""
@@ -343,7 +370,7 @@ def _target(
         key = target_cache_key(cm, rt, settings, store)
     except StoreUnavailable as err:
         return _store_unavailable(rt, "", err)
-    prefix = artifact_prefix(store_root(cm, settings), key)
+    prefix = artifact_prefix(store_root(cm, settings), cm.metadata.namespace or "default", key)
     if job is not None:
         return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
     refused = _tensorrt_refusal(cm, rt, settings)
@@ -474,7 +501,14 @@ def _launch_job(
         base.reason, base.message = "Suspended", "spec.suspend is true: no new compile Job"
         return base
     manifest = build_job(cm, rt, key, prefix, settings)
-    created = kube.create_job(cm.metadata.namespace or "default", manifest)
+    try:
+        created = kube.create_job(cm.metadata.namespace or "default", manifest)
+    except ApiException as err:
+        if err.status not in (400, 422):
+            raise
+        why = spec_limits.job_refusal(cm, rt.target.name, api_message(err))
+        event("Warning", "JobRefused", f"target {rt.name}: {why}")
+        return _status(rt, key, phase="Failed", reason="JobRefused", message=why)
     if created:
         crash_point("after-job-create")
     base.job = manifest["metadata"]["name"]

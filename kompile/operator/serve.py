@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import Rollout
-from kompile.api.status import CompiledModelStatus, RolloutStatus
+from kompile.api.status import READY, CompiledModelStatus, RolloutStatus, set_condition
 from kompile.operator import tensorrt_match
 from kompile.operator.kube import Kube
 from kompile.operator.lineage import EventFn, move_alias
@@ -31,6 +31,7 @@ from kompile.operator.settings import Settings
 from kompile.operator.targets import ResolvedTarget
 
 ISVC_CRD = "inferenceservices.serving.kserve.io"
+CONFIG_MAP_NOT_OWNED = "ConfigMapNotOwned"
 
 
 def _owned_by(isvc: dict[str, Any], cm: CompiledModel) -> bool:
@@ -111,7 +112,9 @@ def reconcile_rollouts(
             )
         )
     if manifests and spec.gitops is not None:
-        _write_gitops(cm, manifests, kube, event)
+        refused = _write_gitops(cm, manifests, kube, event)
+        if refused:
+            out = _config_map_refused(cm, status, out, previous, refused, event)
     status.rollouts = out
 
 
@@ -186,12 +189,64 @@ def _one(
     return d.status
 
 
-def _write_gitops(cm: CompiledModel, manifests: list[dict[str, Any]], kube: Kube, event: EventFn) -> None:
+def _config_map_refused(
+    cm: CompiledModel,
+    status: CompiledModelStatus,
+    out: list[RolloutStatus],
+    previous: dict[str, RolloutStatus],
+    refused: str,
+    event: EventFn,
+) -> list[RolloutStatus]:
+    """The written manifests went nowhere: each such rollout Failed, Ready False, one Event."""
+    failed = [
+        r.model_copy(update={"phase": "Failed", "message": refused}) if r.phase == "Written" else r
+        for r in out
+    ]
+    status.conditions = set_condition(
+        status.conditions, READY, "False", CONFIG_MAP_NOT_OWNED, refused, cm.metadata.generation
+    )
+    if any((previous.get(r.hardware_class) or r).message != refused for r in failed):
+        event("Warning", CONFIG_MAP_NOT_OWNED, refused)
+    return failed
+
+
+def write_gitops_config_map(cm: CompiledModel, manifests: list[dict[str, Any]], kube: Kube) -> str | None:
+    """Create the GitOps ConfigMap, or update it when this CompiledModel owns it; None when written,
+    else why not. A ConfigMap someone else made is never changed, adopted or (through ownership)
+    deleted with the CompiledModel."""
+    spec = cm.spec.rollout
+    assert spec is not None and spec.gitops is not None and spec.gitops.config_map
+    namespace, name = cm.metadata.namespace or "default", spec.gitops.config_map
+    body = gitops_configmap(cm, manifests, name)
+    current = kube.get_config_map(namespace, name)
+    if current is None:
+        try:
+            kube.create_config_map(namespace, body)
+            return None
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            # Made meanwhile (or unreadable to us): someone else's until it shows it is ours.
+    if current is None or not _owned_by(current, cm):
+        return (
+            f"ConfigMap {name} exists and is not owned by this CompiledModel: kompile leaves it as it "
+            "is; set spec.rollout.gitops.configMap to a name no ConfigMap has yet"
+        )
+    # The version read: a change made meanwhile fails the replace (409) rather than being lost.
+    body["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
+    kube.replace_config_map(namespace, name, body)
+    return None
+
+
+def _write_gitops(
+    cm: CompiledModel, manifests: list[dict[str, Any]], kube: Kube, event: EventFn
+) -> str | None:
     spec = cm.spec.rollout
     assert spec is not None and spec.gitops is not None
     if spec.gitops.config_map:
-        body = gitops_configmap(cm, manifests, spec.gitops.config_map)
-        kube.apply_config_map(cm.metadata.namespace or "default", body)
+        refused = write_gitops_config_map(cm, manifests, kube)
+        if refused:
+            return refused
         event(
             "Normal",
             "GitOpsWritten",
@@ -203,3 +258,4 @@ def _write_gitops(cm: CompiledModel, manifests: list[dict[str, Any]], kube: Kube
         for file_name, text in gitops_files(manifests).items():
             (folder / file_name).write_text(text)
         event("Normal", "GitOpsWritten", f"{folder}: {len(manifests)} InferenceService(s)")
+    return None

@@ -124,7 +124,7 @@ def test_job_manifest() -> None:
         registry={"artifactStore": "s3://bucket/kompile", "credentialsSecret": {"name": "s3-creds"}},
     )
     (rt,) = resolve_targets(model.spec, discover(FLEET))
-    job = build_job(model, rt, "k" * 40, "s3://bucket/kompile/cache/kkk", Settings())
+    job = build_job(model, rt, "k" * 40, "s3://bucket/kompile/cache/ns/kkk", Settings())
     assert job["metadata"]["name"] == job_name("resnet", "u-1", 3, "cpu")
     assert len(job["metadata"]["name"]) <= 63
     assert job["metadata"]["ownerReferences"][0]["uid"] == "u-1"
@@ -148,7 +148,7 @@ def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
     model = cm(fleet={"enabled": True, "precisions": ["fp16"]})
     rt = next(r for r in resolve_targets(model.spec, discover(FLEET)) if r.hardware_class.startswith("gpu-"))
     settings = Settings(gpu_image="example/compile-gpu:1", cpu_image="example/compile-cpu:1")
-    job = build_job(model, rt, "k" * 40, "s3://bucket/cache/k", settings)
+    job = build_job(model, rt, "k" * 40, "s3://bucket/cache/ns/k", settings)
     container = job["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert container["image"] == "example/compile-gpu:1" and env["KOMPILE_DEVICE"] == "cuda"
@@ -308,11 +308,11 @@ def test_the_job_reads_what_the_operator_set_through_one_contract() -> None:
 
     model = cm(targets=[{"name": "gpu", "backend": "tensorrt", "options": {"optLevel": "4"}}])
     (rt,) = resolve_targets(model.spec, discover(FLEET))
-    job = build_job(model, rt, "k" * 40, "s3://b/root/cache/kkk", Settings(s3_endpoint="http://s3:9000"))
+    job = build_job(model, rt, "k" * 40, "s3://b/root/cache/ns/kkk", Settings(s3_endpoint="http://s3:9000"))
     env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     spec = JobSpec.from_env(env)
     assert spec.target == rt.target and spec.device == "cuda" and spec.hardware_class == rt.hardware_class
-    assert spec.artifact_prefix == "s3://b/root/cache/kkk" and spec.s3_endpoint == "http://s3:9000"
+    assert spec.artifact_prefix == "s3://b/root/cache/ns/kkk" and spec.s3_endpoint == "http://s3:9000"
     assert spec.timing_cache_uri == "s3://b/root/timing-caches"
     assert (
         spec.compiled_model["metadata"]["uid"] == "u-1"

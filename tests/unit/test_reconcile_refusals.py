@@ -4,6 +4,7 @@ naming the key, and no Job, Secret or Node is ever read."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -158,3 +159,99 @@ def test_the_breaker_doubles_its_backoff_and_lets_one_caller_probe() -> None:
     assert b.failed(url, "refused") == 20.0 and b.failed(url, "refused") == 20.0  # capped
     b.succeeded(url)
     assert b.wait(url) is None
+
+
+class FleetKube(StatusOnlyKube):
+    """Nodes of many hardware classes and no Jobs yet; creating a Job fails the test."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.classes = classes
+
+    def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return []
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        gpus = [f"NVIDIA-GPU-{i}" for i in range(self.classes)]
+        return [
+            {
+                "metadata": {
+                    "name": f"node-{i}",
+                    "labels": {
+                        "kubernetes.io/arch": "amd64",
+                        "nvidia.com/gpu.product": product,
+                        "nvidia.com/gpu.compute.major": "9",
+                        "nvidia.com/gpu.compute.minor": "0",
+                    },
+                }
+            }
+            for i, product in enumerate(gpus)
+        ]
+
+
+def test_more_targets_than_status_holds_is_refused_before_any_job() -> None:
+    """13 hardware classes x 5 precisions = 65 targets: status holds 64, so every status patch was
+    refused by the API server and the CompiledModel never showed why."""
+    doc = _doc({})
+    doc["spec"].pop("targets")
+    doc["spec"]["fleet"] = {"enabled": True, "precisions": ["fp32", "fp16", "bf16", "int8", "auto"]}
+    kube = FleetKube(classes=13)
+    events: list[tuple[str, str, str]] = []
+    outcome = reconcile(doc, kube, Settings(), lambda *e: events.append(e))  # type: ignore[arg-type]
+    assert outcome.done
+    (patch,) = kube.patches
+    (ready,) = [c for c in patch["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "TooManyTargets"
+    assert "65 targets" in ready["message"] and "spec.fleet.precisions" in ready["message"]
+    assert patch["targets"] == []
+    assert FleetKube(classes=12).list_nodes()  # 60 targets pass (below)
+    fine = FleetKube(classes=12)
+    fine.create_job = lambda *a: True  # type: ignore[method-assign]
+    fine.secret_data = lambda *a: {}  # type: ignore[method-assign]
+    reconcile(doc, fine, Settings(), lambda *e: None)  # type: ignore[arg-type]
+    assert len(fine.patches[-1]["targets"]) == 60
+
+
+def test_an_oversized_spec_is_an_invalid_spec_condition_before_any_job() -> None:
+    """Within every field's bound a spec can still grow large (32 targets x 32 node labels...): the
+    compile Job carries it in one environment variable, so past 64 KiB it is refused, naming the
+    largest part."""
+    doc = _doc({})
+    selector = {f"example.com/label-{i:02d}": "v" * 63 for i in range(32)}
+    doc["spec"]["targets"] = [
+        {"name": f"cpu-{i:02d}", "backend": "onnxruntime", "hardware": {"nodeSelector": selector}}
+        for i in range(32)
+    ]
+    kube = StatusOnlyKube()
+    outcome = reconcile(doc, kube, Settings(), lambda *e: None)  # type: ignore[arg-type]
+    assert outcome.done
+    (patch,) = kube.patches
+    (ready,) = [c for c in patch["conditions"] if c["type"] == "Ready"]
+    assert ready["reason"] == "InvalidSpec", ready
+    assert "KiB" in ready["message"] and "largest: spec.targets" in ready["message"], ready["message"]
+
+
+def test_a_job_the_api_server_refuses_fails_its_target_with_the_reason() -> None:
+    """What the schema cannot see (a request above its limit) the API server refuses on the Job:
+    the target fails with that message instead of every reconcile raising."""
+    from kubernetes.client.exceptions import ApiException
+
+    class RefusingKube(FleetKube):
+        def create_job(self, namespace: str, body: dict[str, Any]) -> bool:
+            err = ApiException(status=422, reason="Unprocessable Entity")
+            err.body = json.dumps(
+                {
+                    "message": 'Job.batch "m-cpu" is invalid: spec.template.spec.containers[0].resources'
+                    '.requests: Invalid value: "4": must be less than or equal to cpu limit of 2'
+                }
+            )
+            raise err
+
+    doc = _doc({})
+    doc["spec"]["targets"][0]["hardware"] = {"resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}}
+    kube = RefusingKube(classes=0)
+    outcome = reconcile(doc, kube, Settings(), lambda *e: None)  # type: ignore[arg-type]
+    (target,) = kube.patches[-1]["targets"]
+    assert outcome.done and target["phase"] == "Failed" and target["reason"] == "JobRefused"
+    assert "must be less than or equal to cpu limit" in target["message"]
+    assert "spec.targets[0].hardware" in target["message"]

@@ -81,9 +81,10 @@ needs (watching, its progress annotations, events); nothing else.
   verbs: ["get", "create", "patch"]
 {{- end }}
 {{- if .Values.kserve.gitopsConfigMaps }}
-# GitOps mode writes InferenceService manifests into a ConfigMap (replace, or create when absent).
+# GitOps mode writes InferenceService manifests into a ConfigMap: read to see whose it is, created
+# when absent, updated only when this CompiledModel owns it (another's is never touched).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["create", "update"]
+  verbs: ["get", "create", "update"]
 {{- end }}
 {{- end -}}
