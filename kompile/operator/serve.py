@@ -205,7 +205,8 @@ def _config_map_refused(
     status.conditions = set_condition(
         status.conditions, READY, "False", CONFIG_MAP_NOT_OWNED, refused, cm.metadata.generation
     )
-    if any((previous.get(r.hardware_class) or r).message != refused for r in failed):
+    told = [p.message for p in previous.values()]  # the rollouts of the last reconcile
+    if refused not in told:
         event("Warning", CONFIG_MAP_NOT_OWNED, refused)
     return failed
 

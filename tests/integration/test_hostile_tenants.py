@@ -239,6 +239,9 @@ def test_an_existing_configmap_is_never_touched(hostile: dict[str, Any]) -> None
         assert now.metadata.resource_version == before.metadata.resource_version
 
     unchanged()
+    time.sleep(5)  # a few resyncs: told once, not at each
+    events = core.list_namespaced_event(NS_A, field_selector="involvedObject.name=gitops-takeover").items
+    assert [e.reason for e in events].count("ConfigMapNotOwned") == 1, [e.reason for e in events]
     hostile["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS_A, PLURAL, "gitops-takeover")
 
     def gone() -> bool:

@@ -194,3 +194,25 @@ def test_summarize_ready_best_and_failure() -> None:
     ready = next(c for c in bad.conditions if c.type == "Ready")
     assert ready.status == "False" and ready.reason == "ValidationFailed" and "c:" in ready.message
     assert bad.targets_ready == "1/2"
+
+
+@pytest.mark.parametrize("quantity", [2, "2", "500m", "4Gi", "1.5", "1e3", ".5"])
+def test_a_resource_quantity_may_be_an_integer_or_a_kubernetes_quantity(quantity: int | str) -> None:
+    from kompile.api.spec import Resources
+
+    assert Resources.model_validate({"limits": {"cpu": quantity}}).to_wire() == {"limits": {"cpu": quantity}}
+    quantity_schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    limits = quantity_schema["properties"]["targets"]["items"]["properties"]["hardware"]["properties"][
+        "resources"
+    ]["properties"]["limits"]["additionalProperties"]
+    assert limits["x-kubernetes-int-or-string"] is True and "type" not in limits
+
+
+@pytest.mark.parametrize("quantity", ["two", "-1", "4 Gi", "", -1, True])
+def test_a_bad_quantity_is_refused_by_the_models(quantity: int | str) -> None:
+    from pydantic import ValidationError
+
+    from kompile.api.spec import Resources
+
+    with pytest.raises(ValidationError):
+        Resources.model_validate({"requests": {"memory": quantity}})

@@ -1,6 +1,7 @@
-"""What one namespace's CompiledModel can do to another's, decided by reconcile with the cluster
-stood in (a recording stand-in for the Kubernetes API at the edge) and a real file store: a cache
-entry written for one namespace is never another's cache hit."""
+"""What one namespace's CompiledModel can do to another's, with the cluster stood in (recording
+stand-ins for the Kubernetes API at the edge) and a real file store: a cache entry written for one
+namespace is never another's cache hit, and the GitOps ConfigMap is created or updated only when
+the CompiledModel owns it."""
 
 from __future__ import annotations
 
