@@ -157,15 +157,24 @@ class ControlPlane:
         began = time.monotonic()
         # Server-side apply: large CRDs overflow the last-applied annotation of client-side apply.
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(directory))
-        self.kubectl(
-            "wait",
-            "--for",
-            "condition=established",
-            f"--timeout={timeout:.0f}s",
-            "-f",
-            str(directory),
-            timeout=timeout + 30,
-        )
+        # A wait issued before the API server has written a CRD's first status can fail at once
+        # rather than wait: ask again until the deadline.
+        deadline = began + timeout
+        while True:
+            left = max(1.0, deadline - time.monotonic())
+            done = self.kubectl(
+                "wait",
+                "--for",
+                "condition=established",
+                f"--timeout={left:.0f}s",
+                "-f",
+                str(directory),
+                timeout=left + 30,
+                check=time.monotonic() >= deadline,
+            )
+            if done.returncode == 0:
+                break
+            time.sleep(0.5)
         self.timings["crds"] = round(time.monotonic() - began, 2)
 
     def env(self) -> dict[str, str]:
