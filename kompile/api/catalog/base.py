@@ -136,6 +136,12 @@ class BackendEntry:
     """Order among a device's auto candidates (lower first); only breaks ties in the selection."""
     stand_in: bool = False
     """A stand-in for tests and dry runs, never offered by auto and never served."""
+    for_devices: bool = False
+    """Its artifacts run on devices that fetch them from the store (phones, boards, Macs), not on
+    KServe: the operator never rolls them out."""
+    validates: bool = True
+    """False for an export-only backend: no runtime for its artifacts on the classes kompile
+    compiles on, so each is recorded as Exported, unvalidated, and never selected or served."""
 
     @property
     def gpu_only(self) -> bool:
