@@ -15,6 +15,7 @@ PINNED: dict[str, str] = {
     "nncf": "3.4.0",
     "executorch": "1.5.1",
     "torchao": "0.18.0",
+    "coremltools": "9.0",
 }
 IMAGE_PROVIDED = frozenset({"tensorrt"})
 """Distributions a compile image's base provides rather than the lock files."""

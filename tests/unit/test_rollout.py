@@ -156,6 +156,22 @@ def test_an_artifact_triton_cannot_serve_never_wins() -> None:
     assert none is None and "tvm artifact has no Triton model format" in why
 
 
+def test_device_artifacts_are_never_rolled_out_and_exported_ones_never_win() -> None:
+    pte = target("edge", CPU_CLASS, backend="executorch", p50=0.5)
+    mlpackage = target("mac", CPU_CLASS, backend="coreml", p50=0.1, passed=None, phase="Exported")
+    ort = target("cpu-ort", CPU_CLASS, backend="onnxruntime", p50=5.0)
+    best, _ = rollout.winner([pte, mlpackage, ort], CPU_CLASS, None)
+    assert best is not None and best.name == "cpu-ort"
+    none, why = rollout.winner([pte], CPU_CLASS, None)
+    assert none is None and "executorch artifact is for devices, not KServe" in why
+    assert "MLflow alias" in why
+    none, why = rollout.winner([mlpackage], CPU_CLASS, None)
+    assert none is None and "mac: Exported" in why
+    # The class alias for devices: the fastest validated device artifact, never an exported one.
+    assert rollout.device_winner([pte, mlpackage, ort], CPU_CLASS) is pte
+    assert rollout.device_winner([mlpackage, ort], CPU_CLASS) is None
+
+
 def test_tensorrt_plans_get_the_matching_triton_release() -> None:
     isvc = rollout.inference_service(
         model(), gpu_rt(), target("l4-fp16"), "r", "Serverless", None, True, runtime_version="25.10-py3"

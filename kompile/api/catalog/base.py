@@ -139,9 +139,14 @@ class BackendEntry:
     for_devices: bool = False
     """Its artifacts run on devices that fetch them from the store (phones, boards, Macs), not on
     KServe: the operator never rolls them out."""
-    validates: bool = True
-    """False for an export-only backend: no runtime for its artifacts on the classes kompile
-    compiles on, so each is recorded as Exported, unvalidated, and never selected or served."""
+    exported_note: str | None = None
+    """Set for an export-only backend (no runtime for its artifacts on the classes kompile compiles
+    on): each artifact is recorded with phase Exported and this message, unvalidated, and is never
+    selected or served."""
+
+    @property
+    def validates(self) -> bool:
+        return self.exported_note is None
 
     @property
     def gpu_only(self) -> bool:

@@ -67,8 +67,50 @@ def static_feed(signature: Sequence[InputSpec], calibration: Sequence[Feeds]) ->
     return generate_feeds(signature, 1, seed=0)[0]
 
 
-def _args(feed: Feeds, signature: Sequence[InputSpec]) -> tuple[torch.Tensor, ...]:
+def static_example(request: CompileRequest) -> tuple[tuple[torch.Tensor, ...], dict[str, str]]:
+    """The export example at the signature's static (opt) shape, and what the artifact records of
+    it: precision, input order, and the shapes a dynamic signature was fixed at."""
+    signature = request.signature
+    args = to_args(static_feed(signature, request.calibration), signature)
+    record = {"precision": request.target.precision, "inputOrder": ",".join(s.name for s in signature)}
+    if any(s.dynamic_dims for s in signature):
+        shapes = zip(signature, args, strict=True)
+        record["exportedStatic"] = ";".join(f"{s.name}={list(a.shape)}" for s, a in shapes)
+    return args, record
+
+
+def to_args(feed: Feeds, signature: Sequence[InputSpec]) -> tuple[torch.Tensor, ...]:
     return tuple(to_tensor(feed[s.name], INPUT_DTYPES[s.dtype], "cpu") for s in signature)
+
+
+def _float_only(quantizer: Any) -> Any:
+    """The XNNPACK quantizer with its annotations kept to float tensors: its global config also
+    annotates integer arithmetic (a transformer's mask built from aranges and adds), and a
+    quantized index tensor then fails the graph (`tensors used as indices must be long`)."""
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    def is_float(node: Any) -> bool:
+        val = node.meta.get("val") if hasattr(node, "meta") else None
+        return not isinstance(val, torch.Tensor) or val.is_floating_point()
+
+    class FloatOnly(Quantizer):  # type: ignore[misc]
+        def annotate(self, model: Any) -> Any:
+            quantizer.annotate(model)
+            for node in model.graph.nodes:
+                note = node.meta.get("quantization_annotation")
+                if note is None:
+                    continue
+                if not is_float(node):
+                    del node.meta["quantization_annotation"]
+                    continue
+                for arg in [a for a in note.input_qspec_map if not is_float(a)]:
+                    del note.input_qspec_map[arg]
+            return model
+
+        def validate(self, model: Any) -> None:
+            quantizer.validate(model)
+
+    return FloatOnly()
 
 
 def quantize(
@@ -115,12 +157,12 @@ def quantize(
             "quantization dynamic"
         )
     graph = torch.export.export(module, args).module()
-    prepared = prepare_pt2e(graph, quantizer)
+    prepared = prepare_pt2e(graph, _float_only(quantizer))
     with torch.no_grad():
         if dynamic:  # scales come at run time; one pass only records the graph's observers
             prepared(*args)
         for feed in [] if dynamic else samples:
-            prepared(*_args(feed, request.signature))
+            prepared(*to_args(feed, request.signature))
     record.update(
         quantization=f"pt2e-xnnpack-{'dynamic' if dynamic else 'static'}",
         perChannel=str(opts.per_channel).lower(),
@@ -200,18 +242,9 @@ class ExecuTorchBackend(Backend):
             )
         opts = options_of(request, ExecuTorchOptions)
         threads = opts.intra_op_threads or request.threads or available_cores()
-        signature = request.signature
-        args = _args(static_feed(signature, request.calibration), signature)
+        args, record = static_example(request)
+        record.update(inputDtypes=",".join(s.dtype for s in request.signature), threads=str(threads))
         label = type(request.module).__qualname__
-        record = {
-            "precision": target.precision,
-            "inputOrder": ",".join(s.name for s in signature),
-            "inputDtypes": ",".join(s.dtype for s in signature),
-            "threads": str(threads),
-        }
-        if any(s.dynamic_dims for s in signature):
-            shapes = zip(signature, args, strict=True)
-            record["exportedStatic"] = ";".join(f"{s.name}={list(a.shape)}" for s, a in shapes)
         out = request.out_dir / "model.pte"
         request.out_dir.mkdir(parents=True, exist_ok=True)
         # torch and ExecuTorch print graphs and progress on stdout, which belongs to `kompile run --json`.
