@@ -111,3 +111,25 @@ def test_kompile_run_validates_and_times_an_executorch_target(kompile_run: Any, 
     assert [s["batchSize"] for s in target["latency"]] == [1]
     assert [s["batchSize"] for s in target["eagerLatency"]] == [1, 2]
     assert target["speedup"] > 0
+
+
+def test_a_transformer_int8_quantizes_only_float_tensors(tmp_path: Path) -> None:
+    """A BERT builds its attention mask with integer arithmetic on aranges; the XNNPACK quantizer's
+    global config would quantize it and the index tensor would turn float. The int8 program builds,
+    runs at the exported shape (batch 2, sequence 16, right-padded rows) and tracks eager."""
+    from tests.pipeline.conftest import bert_tiny_case
+
+    model, _, feeds, signature = bert_tiny_case(tmp_path)
+    target = Target(name="edge-int8", backend="executorch", precision="int8", quantization="static")
+    request = compile_request(
+        target, module=model, out_dir=tmp_path / "pte", signature=signature, feeds=feeds, threads=2
+    )
+    backend = get_backend("executorch")
+    artifact = backend.compile(request)
+    assert artifact.options["exportedStatic"] == "input_ids=[2, 16];attention_mask=[2, 16]"
+    assert artifact.options["calibrationSamples"] == str(len(feeds))
+    runner = backend.load(artifact, threads=2)
+    outputs = request.reference.with_outputs("executorch-int8", [runner.run(f) for f in feeds])
+    verdict = run_results.compare(request.reference, outputs, resolve_thresholds("int8"))
+    # Random weights: the figure that matters is that the program runs and tracks eager closely.
+    assert min(o.cosine for o in verdict.outputs) > 0.95, verdict.failures
