@@ -243,6 +243,9 @@ def build_target(
     if outputs is None:
         return None
     compare_step(ctx, target, ts, outputs)
+    static = artifact.options.get("exportedStatic")
+    if static and ts.phase == "Succeeded":  # status says a dynamic signature was fixed
+        ts.message = f"exported at static shapes {static} (the signature's opt): it runs only at these"
     ts.validation_seconds = round(time.perf_counter() - started, 3)
     repo_root = package_step(ctx, target, ts, artifact, outputs, repo_name, device)
     digest = ts.artifact.digest if ts.artifact else ""

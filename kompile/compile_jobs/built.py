@@ -85,7 +85,7 @@ class PlannedTarget:
         w = by_name[winner]
         for name in _WINNER_FIELDS:
             setattr(ts, name, getattr(w.status, name))
-        ts.phase, ts.reason, ts.message = "Succeeded", "Validated", None
+        ts.phase, ts.reason, ts.message = "Succeeded", "Validated", w.status.message
         params = {
             **w.params,
             "candidate": winner,

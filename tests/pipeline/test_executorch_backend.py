@@ -107,6 +107,7 @@ def test_kompile_run_validates_and_times_an_executorch_target(kompile_run: Any, 
     target = res.status["targets"][0]
     assert target["phase"] == "Succeeded", target
     assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
+    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
     # Exported at batch 1 (the signature's opt): timed there, left out of batch 2's rounds.
     assert [s["batchSize"] for s in target["latency"]] == [1]
     assert [s["batchSize"] for s in target["eagerLatency"]] == [1, 2]
