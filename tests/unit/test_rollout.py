@@ -323,3 +323,41 @@ def test_gitops_outputs() -> None:
     assert cfg["metadata"]["ownerReferences"][0]["name"] == "resnet" and cfg["data"] == files
     with pytest.raises(ValueError, match="two InferenceServices"):
         rollout.gitops_files([manifests[0], manifests[0]])
+
+
+class _NoKServeCluster:
+    """The reads reconcile_rollouts makes of a cluster; every write would be a failure here."""
+
+    def get_config_map(self, namespace: str, name: str) -> None:
+        return None
+
+    def get_crd(self, name: str) -> None:
+        return None
+
+
+def test_a_class_whose_winner_is_for_devices_gets_its_alias_and_no_inference_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kompile.api.status import CompiledModelStatus
+    from kompile.operator import serve
+    from kompile.operator.settings import Settings
+
+    moved: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        serve, "move_alias", lambda cm, st, s, cls, t, ev: moved.append((cls, t.name)) or True
+    )
+    pte = target("edge-int8", CPU_CLASS, backend="executorch", p50=0.5)
+    status = CompiledModelStatus(targets=[pte])
+    events: list[tuple[str, ...]] = []
+    serve.reconcile_rollouts(
+        model(),
+        status,
+        [cpu_rt()],
+        _NoKServeCluster(),
+        Settings(),
+        lambda *a: events.append(a),  # type: ignore[arg-type]
+    )
+    (state,) = status.rollouts
+    assert state.phase == "Blocked" and "for devices, not KServe" in (state.message or "")
+    assert "the class alias points at edge-int8 for devices to fetch" in (state.message or "")
+    assert moved == [("cpu-amd64", "edge-int8")] and not events
