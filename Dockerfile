@@ -52,7 +52,10 @@ WORKDIR /opt/kompile
 COPY requirements/lock.txt requirements/lock.txt
 COPY pyproject.toml README.md ./
 COPY kompile kompile
-RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,openvino,s3]"
+# executorch and coreml: the edge backends, pinned by their extras as in requirements/edge.txt (the
+# packages executorch declares but never imports on the export path, hydra-core and test tools, are
+# left to pip here; the venv installs edge.txt with --no-deps).
+RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,openvino,s3,executorch,coreml]"
 # The example models, so python://models.small:small_cnn resolves as it does in the examples.
 COPY examples/models models
 USER 65532:65532

@@ -175,14 +175,16 @@ def measure_case(
     work: Path,
     threads: int,
     add_runtimes: Callable[[CaseRun], None],
+    reference_batch: int = 2,
 ) -> dict[str, Any]:
-    """Export, compute the eager reference (and torch.compile), let `add_runtimes` build and validate
-    the runtimes of this benchmark, then time them all interleaved with eager."""
+    """Export, compute the eager reference (and torch.compile) on `args.samples` inputs of
+    `reference_batch` rows, let `add_runtimes` build and validate the runtimes of this benchmark,
+    then time them all interleaved with eager."""
     model = build(case)
     onnx_path = work / f"{case.name}.onnx"
     report: dict[str, Any] = {"model": case.name, "export_s": round(export(case, model, onnx_path), 2)}
     rng = np.random.default_rng(args.seed)
-    feeds = [case.make(rng, 2) for _ in range(args.samples)]
+    feeds = [case.make(rng, reference_batch) for _ in range(args.samples)]
     reference = [[torch_call(model, f)()] for f in feeds]
     runtimes: dict[str, dict[str, Any]] = {"eager": {}}
     callers: dict[str, Caller] = {"eager": partial(torch_call, model)}
@@ -280,6 +282,7 @@ def add_artifacts(
         cand = [runner.run(f) for f in feeds]
         runtimes[name] = {
             "compile_s": round(time.perf_counter() - start, 2),
+            "bytes": sum(path.stat().st_size for path, _ in artifact.files()),
             "options": artifact.options,
             "validation": validation_figures(reference, cand, runner.output_names, precision),
         }
@@ -330,10 +333,22 @@ def machine(threads: int) -> dict[str, Any]:
     return {
         "cpu": cpu_description(),
         "cpu_features": cpu_features(),
+        "isa": isa(),
         "threads": threads,
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
     }
+
+
+def isa() -> str:
+    """The vector and matrix extensions /proc/cpuinfo reports (what int8 and bf16 kernels pick from)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return "unknown"
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith(("flags", "Features"))), [])
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "asimddp", "sve")
+    return " ".join(f for f in flags if f in wanted or f.startswith("amx"))
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -132,7 +132,9 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
                 f"({status.registry.tracking_uri}); open it with `make mlflow-ui`",
                 highlight=False,
             )
-    servable = [t for t in status.targets if t.phase != "Skipped"]
+    servable = [t for t in status.targets if t.phase not in ("Skipped", "Exported")]
+    if not servable and any(t.phase == "Exported" for t in status.targets):
+        return 0, None
     if not servable:
         return 1, "no target can run on this machine: " + "; ".join(
             f"{t.name}: {t.message}" for t in status.targets
@@ -166,9 +168,11 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
         v = t.validation
         err = max((o.max_abs_error for o in v.outputs), default=None) if v else None
         cos = min((o.cosine for o in v.outputs), default=None) if v else None
-        verdict = {"Succeeded": "[green]validated[/]", "Skipped": "[yellow]skipped[/]"}.get(
-            t.phase, f"[red]{t.reason or 'failed'}[/]"
-        )
+        verdict = {
+            "Succeeded": "[green]validated[/]",
+            "Skipped": "[yellow]skipped[/]",
+            "Exported": "[cyan]exported, not validated[/]",
+        }.get(t.phase, f"[red]{t.reason or 'failed'}[/]")
         table.add_row(
             t.name,
             t.backend,

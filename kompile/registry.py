@@ -83,6 +83,8 @@ def _figures(latency: list[LatencyStats]) -> dict[str, float]:
 
 def _version_tags(cm: CompiledModel, t: TargetStatus, digest: str | None) -> dict[str, str]:
     verdict = "passed" if t.validation and t.validation.passed else "failed"
+    if t.phase == "Exported":
+        verdict = "not-validated"  # an export-only artifact: Core ML on a class without its runtime
     tags = {
         "kompile.target": t.name,
         "kompile.backend": t.backend,

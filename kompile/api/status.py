@@ -14,7 +14,10 @@ from pydantic import Field
 from kompile.api.base import ApiModel
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
+# Exported: built by an export-only backend (Core ML on Linux) that nothing here can run; recorded,
+# never validated, so never selected or served. A phase of its own, not Succeeded without a
+# verdict: every check of "Succeeded" keeps meaning "validated".
+TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped", "Exported"]
 
 # Condition types the operator and the local pipeline write.
 COMPILED = "Compiled"
@@ -136,7 +139,9 @@ class CandidateStatus(ApiModel):
     name: str = Field(description="Candidate name.")
     backend: str = Field(description="Backend that built it.")
     precision: str = Field(description="Its precision.")
-    phase: TargetPhase = Field(description="Succeeded (validated), Failed or Skipped.")
+    phase: TargetPhase = Field(
+        description="Succeeded (validated), Failed, Skipped, or Exported (built, not validated)."
+    )
     reason: str | None = Field(default=None, description="CamelCase reason when Failed or Skipped.")
     message: str | None = Field(default=None, description="Details.")
     selected: bool = Field(default=False, description="True for the winner.")
@@ -174,7 +179,10 @@ class TargetStatus(ApiModel):
     name: str = Field(description="Target name (from spec.targets or the hardware class).")
     backend: str = Field(description="Backend that built the artifact.")
     precision: str = Field(description="Precision of the artifact.")
-    phase: TargetPhase = Field(description="Pending, Running, Succeeded, Failed or Skipped.")
+    phase: TargetPhase = Field(
+        description="Pending, Running, Succeeded (validated), Failed, Skipped, or Exported (built by "
+        "an export-only backend, not validated: never selected or served)."
+    )
     hardware_class: str | None = Field(default=None, description="Hardware class the target is for.")
     job: str | None = Field(default=None, description="Name of the compile Job.")
     node: str | None = Field(default=None, description="Node the compile ran on.")
@@ -198,7 +206,7 @@ class TargetStatus(ApiModel):
     compile_seconds: float | None = Field(default=None, description="Time the compile took.")
     validation_seconds: float | None = Field(default=None, description="Time the validation took.")
     reason: str | None = Field(
-        default=None, description="CamelCase reason when the phase is Failed or Skipped."
+        default=None, description="CamelCase reason when the phase is Failed, Skipped or Exported."
     )
     message: str | None = Field(default=None, description="Details, for example the tail of the error.")
     candidates: list[CandidateStatus] = Field(
@@ -342,9 +350,11 @@ def set_condition(
 def summarize(status: CompiledModelStatus, generation: int | None = None) -> CompiledModelStatus:
     """Derive targetsReady, best and the summary conditions from the per-target results."""
     targets = status.targets
-    done = [t for t in targets if t.phase in ("Succeeded", "Failed", "Skipped")]
+    done = [t for t in targets if t.phase in ("Succeeded", "Failed", "Skipped", "Exported")]
     valid = [t for t in targets if t.phase == "Succeeded" and t.validation and t.validation.passed]
-    considered = [t for t in targets if t.phase != "Skipped"]
+    # Exported artifacts have no verdict: they neither count toward Ready nor hold it back.
+    exported = [t for t in targets if t.phase == "Exported"]
+    considered = [t for t in targets if t.phase not in ("Skipped", "Exported")]
     status.targets_ready = f"{len(valid)}/{len(considered)}"
     timed = [t for t in valid if t.latency]
     if timed:
@@ -371,7 +381,13 @@ def summarize(status: CompiledModelStatus, generation: int | None = None) -> Com
         if considered and not failed:
             conds = set_condition(conds, VALIDATED, "True", "AllValidated", "", generation)
             msg = f"{len(valid)}/{len(considered)} targets validated"
+            if exported:
+                msg += f", {len(exported)} exported (not validated)"
             conds = set_condition(conds, READY, "True", "Validated", msg, generation)
+        elif exported and not considered:
+            msg = f"{len(exported)} targets exported, not validated: " + str(exported[0].message)
+            conds = set_condition(conds, VALIDATED, "False", "Exported", msg, generation)
+            conds = set_condition(conds, READY, "True", "Exported", msg, generation)
         else:
             detail = "; ".join(f"{t.name}: {t.reason or 'Failed'}" for t in failed) or "no target to build"
             reason = failed[0].reason or "TargetFailed" if failed else "NoTargets"

@@ -1,8 +1,9 @@
-"""Versions of the compilers the compile images carry, as pinned by requirements/lock.txt and
-requirements/modelopt.txt (the images install those files). The operator cannot import a compiler
-(its image has none), so it keys the compile cache with these; a unit test holds them equal to the
-pins, so a toolchain upgrade changes the keys and nothing stale is reused. TensorRT comes with
-NVIDIA's base image instead: its version is the operator setting KOMPILE_GPU_TENSORRT_VERSION."""
+"""Versions of the compilers the compile images carry, as pinned by requirements/lock.txt,
+requirements/modelopt.txt and requirements/edge.txt (the images install those files). The operator
+cannot import a compiler (its image has none), so it keys the compile cache with these; a unit test
+holds them equal to the pins, so a toolchain upgrade changes the keys and nothing stale is reused.
+TensorRT comes with NVIDIA's base image instead: its version is the operator setting
+KOMPILE_GPU_TENSORRT_VERSION."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ PINNED: dict[str, str] = {
     "nvidia-modelopt": "0.47.0",
     "openvino": "2026.4.1",
     "nncf": "3.4.0",
+    "executorch": "1.5.1",
+    "torchao": "0.18.0",
+    "coremltools": "9.0",
 }
 IMAGE_PROVIDED = frozenset({"tensorrt"})
 """Distributions a compile image's base provides rather than the lock files."""

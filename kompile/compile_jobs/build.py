@@ -235,12 +235,17 @@ def build_target(
     if compiled is None:
         return None
     artifact, runner = compiled
+    if runner is None:
+        return export_only(ctx, backend, target, ts, artifact, repo_name, device)
     started = time.perf_counter()
     ctx.reporter.stage(label, "validating against the source model")
     outputs = run_step(ctx, runner, target, ts)
     if outputs is None:
         return None
     compare_step(ctx, target, ts, outputs)
+    static = artifact.options.get("exportedStatic")
+    if static and ts.phase == "Succeeded":  # status says a dynamic signature was fixed
+        ts.message = f"exported at static shapes {static} (the signature's opt): it runs only at these"
     ts.validation_seconds = round(time.perf_counter() - started, 3)
     repo_root = package_step(ctx, target, ts, artifact, outputs, repo_name, device)
     digest = ts.artifact.digest if ts.artifact else ""
@@ -255,6 +260,29 @@ def build_target(
     return BuiltTarget(target, ts, artifact, runner, repo_root, params)
 
 
+def export_only(
+    ctx: BuildContext,
+    backend: Backend,
+    target: Target,
+    ts: TargetStatus,
+    artifact: CompiledArtifact,
+    repo_name: str,
+    device: str,
+) -> BuiltTarget:
+    """An export-only backend's artifact (Core ML on Linux): packaged and recorded as Exported with
+    the catalog's note, never validated, so neither selected nor served."""
+    repo_root = package_step(ctx, target, ts, artifact, None, repo_name, device)
+    ts.phase, ts.reason, ts.message = "Exported", "Exported", backend.entry.exported_note
+    params = {
+        "backend": target.backend,
+        "backend_version": backend.version(),
+        "precision": target.precision,
+        "hardware_class": ts.hardware_class or "",
+        **{f"option.{k}": v for k, v in artifact.options.items()},
+    }
+    return BuiltTarget(target, ts, artifact, None, repo_root, params)
+
+
 def _fail(ts: TargetStatus, reason: str, err: BaseException, limit: int = 600) -> None:
     text = str(err).strip() or type(err).__name__
     ts.phase, ts.reason = "Failed", reason
@@ -263,8 +291,9 @@ def _fail(ts: TargetStatus, reason: str, err: BaseException, limit: int = 600) -
 
 def compile_step(
     ctx: BuildContext, backend: Backend, target: Target, ts: TargetStatus, device: str, label: str
-) -> tuple[CompiledArtifact, Runner] | None:
-    """The backend builds the artifact and loads exactly what it built; CompileFailed otherwise."""
+) -> tuple[CompiledArtifact, Runner | None] | None:
+    """The backend builds the artifact and loads exactly what it built (nothing to load for an
+    export-only backend); CompileFailed otherwise."""
     cm = ctx.cm
     out_dir = ctx.work_dir / "build" / label
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -283,7 +312,7 @@ def compile_step(
             validation=cm.spec.validation,
         )
         artifact = backend.compile(request)
-        runner = backend.load(artifact, ctx.threads, device)
+        runner = backend.load(artifact, ctx.threads, device) if backend.entry.validates else None
     except (BackendError, OptionsError) as err:
         _fail(ts, "CompileFailed", err)
         return None
@@ -388,7 +417,7 @@ def package_step(
     target: Target,
     ts: TargetStatus,
     artifact: CompiledArtifact,
-    outputs: RunResults,
+    outputs: RunResults | None,
     repo_name: str,
     device: str,
 ) -> Path:
@@ -400,7 +429,7 @@ def package_step(
     repo_root = ctx.artifact_root / name / f"{repo_name}-{digest.split(':')[1][:12]}"
     serving = artifact.serving
     config = None
-    if serving is not None:
+    if serving is not None and outputs is not None:
         if ctx.onnx_path is not None:
             in_specs, out_specs = triton.onnx_io(ctx.onnx_path)
         else:
@@ -420,7 +449,8 @@ def package_step(
         )
     triton.write_model_repository(repo_root, name, files, config)
     shutil.copyfile(ctx.reference_file, repo_root / REFERENCE_FILE)
-    outputs.save(repo_root / OUTPUTS_FILE, with_inputs=False)
+    if outputs is not None:  # an export-only artifact has none
+        outputs.save(repo_root / OUTPUTS_FILE, with_inputs=False)
     size = sum(path.stat().st_size for path, _ in files)
     ts.artifact = Artifact(uri=repo_root.resolve().as_uri(), digest=digest, size_bytes=size)
     return repo_root

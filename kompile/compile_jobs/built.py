@@ -34,7 +34,8 @@ class BuiltTarget:
     target: Target
     status: TargetStatus
     artifact: CompiledArtifact
-    runner: Runner
+    runner: Runner | None
+    """None for an export-only artifact (phase Exported): nothing here can run it."""
     repo_dir: Path
     params: dict[str, str]
 
@@ -72,6 +73,9 @@ class PlannedTarget:
         if winner is None:
             if all(c.phase == "Skipped" for c in self.candidates):
                 ts.phase, ts.reason = "Skipped", self.candidates[0].reason
+            elif all(c.phase in ("Skipped", "Exported") for c in self.candidates):
+                # Only export-only candidates built: recorded, never a winner.
+                ts.phase, ts.reason = "Exported", "Exported"
             else:
                 ts.phase, ts.reason = "Failed", "NoCandidateValidated"
             ts.message = "; ".join(
@@ -81,7 +85,7 @@ class PlannedTarget:
         w = by_name[winner]
         for name in _WINNER_FIELDS:
             setattr(ts, name, getattr(w.status, name))
-        ts.phase, ts.reason, ts.message = "Succeeded", "Validated", None
+        ts.phase, ts.reason, ts.message = "Succeeded", "Validated", w.status.message
         params = {
             **w.params,
             "candidate": winner,

@@ -233,7 +233,7 @@ def _benchmark(
         timing.Timed(label, b.runner, b.status)
         for p in planned
         for label, b in p.labelled()
-        if b.status.validation and b.status.validation.passed
+        if b.runner is not None and b.status.validation and b.status.validation.passed
     ]
     return timing.run_benchmark(cm, loaded, reference_runner, timed, _batch_sizes(cm, targets), reporter)
 

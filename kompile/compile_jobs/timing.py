@@ -12,7 +12,7 @@ from kompile.api.resource import CompiledModel
 from kompile.api.status import Baseline, LatencyStats, TargetStatus
 from kompile.compile_jobs import benchmark as bench
 from kompile.compile_jobs import export, inputs, sources
-from kompile.compile_jobs.backends.base import Runner
+from kompile.compile_jobs.backends.base import BackendError, Runner
 
 PAUSE_S = 0.05
 SETTLE_CALLS = 1
@@ -65,7 +65,8 @@ def run_benchmark(
         if compiled_module is not None:
             fns["torch.compile"] = export.eager_callable(compiled_module[0], feed, cm.spec.inputs)
         for t in timed:
-            fns[t.label] = _runner_call(t.runner, feed)
+            if _runs_at(t, feed, batch, reporter):
+                fns[t.label] = _runner_call(t.runner, feed)
         # ONNX Runtime's and OpenMP's idle workers spin for 20-50 ms and slow whatever runs next:
         # an idle pause before each timed call waits them out, and one untimed call right before
         # it wakes the runtime's own pool, as a server under load keeps it (benchmarks/cpu_artifacts).
@@ -77,16 +78,31 @@ def run_benchmark(
         if "torch.compile" in stats:
             compiled.append(stats["torch.compile"])
         for t in timed:
-            t.status.latency.append(stats[t.label])
+            if t.label in stats:
+                t.status.latency.append(stats[t.label])
     for t in timed:
         t.status.eager_latency = list(eager)
-        if eager and t.status.latency:
-            t.status.speedup = round(eager[0].p50_ms / t.status.latency[0].p50_ms, 3)
-            t.status.speedup_stable = bool(eager[0].stable and t.status.latency[0].stable)
+        first = t.status.latency[0] if t.status.latency else None
+        # Against eager at the same batch size (an artifact of a static shape skips the others).
+        same = next((e for e in eager if first and e.batch_size == first.batch_size), None)
+        if first and same:
+            t.status.speedup = round(same.p50_ms / first.p50_ms, 3)
+            t.status.speedup_stable = bool(same.stable and first.stable)
     baselines = [Baseline(name="eager", latency=eager)]
     if compiled_module is not None:
         baselines.append(Baseline(name="torch.compile", latency=compiled, compile_seconds=compiled_module[1]))
     return baselines
+
+
+def _runs_at(t: Timed, feed: inputs.Feed, batch: int, reporter: StageReporter) -> bool:
+    """Whether the artifact takes this batch: one exported at a static shape (an ExecuTorch
+    program) runs only that one, and is left out of the other batch sizes' rounds."""
+    try:
+        t.runner.run(feed)
+    except (BackendError, RuntimeError, ValueError) as err:
+        reporter.stage(t.label, f"not timed at batch {batch}: {str(err).strip().splitlines()[0]}")
+        return False
+    return True
 
 
 def _runner_call(runner: Runner, feed: inputs.Feed) -> Callable[[], object]:

@@ -45,7 +45,7 @@ log = logging.getLogger("kompile.operator")
 EventFn = Callable[[str, str, str], None]
 """(type Normal|Warning, reason, message)"""
 
-TERMINAL = ("Succeeded", "Failed", "Skipped")
+TERMINAL = ("Succeeded", "Failed", "Skipped", "Exported")
 
 
 @dataclass

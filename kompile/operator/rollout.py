@@ -55,6 +55,7 @@ __all__ = [
     "canary_style",
     "cluster_mode",
     "crd_supports_spec_canary",
+    "device_winner",
     "effective_mode",
     "gitops_configmap",
     "gitops_files",
@@ -94,6 +95,12 @@ def _p50(t: TargetStatus) -> float:
 def _serving_refusal(t: TargetStatus) -> str | None:
     if t.backend in MODEL_FORMATS:
         return None
+    if t.backend in CATALOG and CATALOG[t.backend].for_devices:
+        return (
+            f"a {t.backend} artifact is for devices, not KServe: devices of class {t.hardware_class} "
+            "fetch the winner through the class's MLflow alias (docs/operations.md, Device fleets); "
+            "list candidates of a served backend for classes that serve"
+        )
     return (
         f"a {t.backend} artifact has no Triton model format kompile can roll out (Triton serves "
         f"{' and '.join(sorted(MODEL_FORMATS))} artifacts): list candidates of those backends for "
@@ -147,6 +154,23 @@ def winner(
     p50 = "unknown" if math.isinf(_p50(best)) else f"{_p50(best):.3g} ms"
     speedup = "unknown" if best.speedup is None else f"{best.speedup:.3g}"
     return best, f"{best.name}: p50 {p50}, speedup {speedup}"
+
+
+def device_winner(targets: list[TargetStatus], hardware_class: str) -> TargetStatus | None:
+    """The fastest validated artifact of a class that is for devices (ExecuTorch), which no
+    InferenceService serves: its class alias is the pointer devices fetch from."""
+    mine = [
+        t
+        for t in targets
+        if t.hardware_class == hardware_class
+        and t.phase == "Succeeded"
+        and t.validation is not None
+        and t.validation.passed
+        and t.artifact
+        and t.backend in CATALOG
+        and CATALOG[t.backend].for_devices
+    ]
+    return min(mine, key=lambda t: (_p50(t), t.name)) if mine else None
 
 
 # -- the InferenceService ------------------------------------------------------------------------

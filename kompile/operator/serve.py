@@ -19,6 +19,7 @@ from kompile.operator.lineage import EventFn, move_alias
 from kompile.operator.rollout import (
     cluster_mode,
     crd_supports_spec_canary,
+    device_winner,
     gitops_configmap,
     gitops_files,
     inference_service,
@@ -67,6 +68,11 @@ def reconcile_rollouts(
         name = service_name(cm.metadata.name, spec.inference_service, cls, len(by_class))
         best, why = winner(status.targets, cls, spec.gate)
         if best is None or best.artifact is None:
+            device = device_winner(status.targets, cls)
+            if device is not None:
+                # Nothing for KServe; the class alias is the devices' pointer to their winner.
+                move_alias(cm, status, settings, cls, device, event)
+                why = f"{why}; the class alias points at {device.name} for devices to fetch"
             out.append(
                 RolloutStatus(hardware_class=cls, phase="Blocked", inference_service=name, message=why)
             )

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from kompile.api.spec import InputSpec
 from kompile.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +21,14 @@ EXAMPLES = ROOT / "examples"
 # The example factories (examples/models) are importable in tests as `models.*`, as in manifests.
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
+# The small CNN's input (examples/models/small.py), batch dynamic at opt 1.
+IMAGE = InputSpec.model_validate(
+    {
+        "name": "input",
+        "shape": [-1, 3, 32, 32],
+        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 16}],
+    }
+)
 
 
 class RunResult:

@@ -14,22 +14,15 @@ pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 torch = pytest.importorskip("torch")
 
-from kompile.api.spec import InputSpec, Precision, Target  # noqa: E402
+from kompile.api.spec import Precision, Target  # noqa: E402
 from kompile.compile_jobs import run_results  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend  # noqa: E402
 from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.hardware import has_fast_bf16  # noqa: E402
 from kompile.compile_jobs.validate import resolve_thresholds  # noqa: E402
-from tests.pipeline.conftest import bert_tiny_case, small_cnn_doc, torchscript_onnx  # noqa: E402
+from tests.pipeline.conftest import IMAGE, bert_tiny_case, small_cnn_doc, torchscript_onnx  # noqa: E402
 
 # tests.pipeline.conftest puts examples/ on sys.path: `models.*` imports as in manifests.
-IMAGE = InputSpec.model_validate(
-    {
-        "name": "input",
-        "shape": [-1, 3, 32, 32],
-        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 16}],
-    }
-)
 
 
 @pytest.fixture(scope="module")

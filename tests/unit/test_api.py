@@ -216,3 +216,18 @@ def test_a_bad_quantity_is_refused_by_the_models(quantity: int | str) -> None:
 
     with pytest.raises(ValidationError):
         Resources.model_validate({"requests": {"memory": quantity}})
+
+
+def test_exported_targets_neither_count_toward_ready_nor_hold_it_back() -> None:
+    mac = _target("mac", None, phase="Exported")
+    mac.reason, mac.message = "Exported", "not validated: no Core ML runtime on this class"
+    beside = summarize(CompiledModelStatus(targets=[_target("a", True), mac]), 1)
+    ready = next(c for c in beside.conditions if c.type == "Ready")
+    assert ready.status == "True" and "1 exported (not validated)" in ready.message
+    assert beside.targets_ready == "1/1" and beside.best and beside.best.target == "a"
+
+    alone = summarize(CompiledModelStatus(targets=[mac]), 1)
+    ready = next(c for c in alone.conditions if c.type == "Ready")
+    validated = next(c for c in alone.conditions if c.type == "Validated")
+    assert (ready.status, ready.reason) == ("True", "Exported") and "no Core ML runtime" in ready.message
+    assert validated.status == "False" and alone.best is None

@@ -70,7 +70,7 @@ def test_options_defaults_round_trip_through_the_wire_form(name: str) -> None:
 
 
 def _pin(dist: str) -> str | None:
-    for path in ("requirements/lock.txt", "requirements/modelopt.txt"):
+    for path in ("requirements/lock.txt", "requirements/modelopt.txt", "requirements/edge.txt"):
         for line in (ROOT / path).read_text().splitlines():
             if line.lower().startswith(f"{dist.lower()}=="):
                 return line.split("==", 1)[1].split(";")[0].strip()
@@ -105,6 +105,7 @@ def test_tensorrt_version_comes_from_the_gpu_image_setting() -> None:
 
 
 def test_auto_offers_each_device_its_candidates() -> None:
+    # executorch is for devices: a server class's winner must be one KServe can serve.
     assert auto_backends("cpu") == ("onnxruntime", "openvino", "inductor")
     assert auto_backends("cuda") == ("tensorrt", "inductor")
     assert "null" not in auto_backends("cpu") + auto_backends("cuda")
@@ -161,3 +162,23 @@ def test_the_crd_refuses_unknown_option_keys_per_backend() -> None:
     candidate = target["properties"]["candidates"]["items"]
     assert any("self.options.all" in r["rule"] for r in candidate["x-kubernetes-validations"])
     assert target["properties"]["backend"]["enum"] == ["auto", *CATALOG]
+
+
+def test_edge_extras_pin_what_the_edge_requirements_pin() -> None:
+    """requirements/edge.txt (the venv, --no-deps) and the executorch/coreml extras (images) agree on
+    the edge packages, and the edge file changes no version that lock.txt or modelopt.txt pins."""
+    import tomllib
+
+    pins = {
+        line.split("==")[0].lower(): line.split("==")[1]
+        for line in (ROOT / "requirements" / "edge.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("executorch", "coreml"):
+        for req in (r for r in extras[extra] if "==" in r):
+            name, version = req.split("==")
+            assert pins[name.lower()] == version, f"extra {extra} pins {req}, edge.txt {pins.get(name)}"
+    for other in ("lock.txt", "modelopt.txt"):
+        text = (ROOT / "requirements" / other).read_text().lower()
+        assert not [p for p in pins if f"\n{p}==" in text], f"edge.txt restates a pin of {other}"

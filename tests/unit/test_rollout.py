@@ -156,6 +156,22 @@ def test_an_artifact_triton_cannot_serve_never_wins() -> None:
     assert none is None and "tvm artifact has no Triton model format" in why
 
 
+def test_device_artifacts_are_never_rolled_out_and_exported_ones_never_win() -> None:
+    pte = target("edge", CPU_CLASS, backend="executorch", p50=0.5)
+    mlpackage = target("mac", CPU_CLASS, backend="coreml", p50=0.1, passed=None, phase="Exported")
+    ort = target("cpu-ort", CPU_CLASS, backend="onnxruntime", p50=5.0)
+    best, _ = rollout.winner([pte, mlpackage, ort], CPU_CLASS, None)
+    assert best is not None and best.name == "cpu-ort"
+    none, why = rollout.winner([pte], CPU_CLASS, None)
+    assert none is None and "executorch artifact is for devices, not KServe" in why
+    assert "MLflow alias" in why
+    none, why = rollout.winner([mlpackage], CPU_CLASS, None)
+    assert none is None and "mac: Exported" in why
+    # The class alias for devices: the fastest validated device artifact, never an exported one.
+    assert rollout.device_winner([pte, mlpackage, ort], CPU_CLASS) is pte
+    assert rollout.device_winner([mlpackage, ort], CPU_CLASS) is None
+
+
 def test_tensorrt_plans_get_the_matching_triton_release() -> None:
     isvc = rollout.inference_service(
         model(), gpu_rt(), target("l4-fp16"), "r", "Serverless", None, True, runtime_version="25.10-py3"
@@ -307,3 +323,41 @@ def test_gitops_outputs() -> None:
     assert cfg["metadata"]["ownerReferences"][0]["name"] == "resnet" and cfg["data"] == files
     with pytest.raises(ValueError, match="two InferenceServices"):
         rollout.gitops_files([manifests[0], manifests[0]])
+
+
+class _NoKServeCluster:
+    """The reads reconcile_rollouts makes of a cluster; every write would be a failure here."""
+
+    def get_config_map(self, namespace: str, name: str) -> None:
+        return None
+
+    def get_crd(self, name: str) -> None:
+        return None
+
+
+def test_a_class_whose_winner_is_for_devices_gets_its_alias_and_no_inference_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kompile.api.status import CompiledModelStatus
+    from kompile.operator import serve
+    from kompile.operator.settings import Settings
+
+    moved: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        serve, "move_alias", lambda cm, st, s, cls, t, ev: moved.append((cls, t.name)) or True
+    )
+    pte = target("edge-int8", CPU_CLASS, backend="executorch", p50=0.5)
+    status = CompiledModelStatus(targets=[pte])
+    events: list[tuple[str, ...]] = []
+    serve.reconcile_rollouts(
+        model(),
+        status,
+        [cpu_rt()],
+        _NoKServeCluster(),
+        Settings(),
+        lambda *a: events.append(a),  # type: ignore[arg-type]
+    )
+    (state,) = status.rollouts
+    assert state.phase == "Blocked" and "for devices, not KServe" in (state.message or "")
+    assert "the class alias points at edge-int8 for devices to fetch" in (state.message or "")
+    assert moved == [("cpu-amd64", "edge-int8")] and not events

@@ -136,6 +136,17 @@ class BackendEntry:
     """Order among a device's auto candidates (lower first); only breaks ties in the selection."""
     stand_in: bool = False
     """A stand-in for tests and dry runs, never offered by auto and never served."""
+    for_devices: bool = False
+    """Its artifacts run on devices that fetch them from the store (phones, boards, Macs), not on
+    KServe: the operator never rolls them out."""
+    exported_note: str | None = None
+    """Set for an export-only backend (no runtime for its artifacts on the classes kompile compiles
+    on): each artifact is recorded with phase Exported and this message, unvalidated, and is never
+    selected or served."""
+
+    @property
+    def validates(self) -> bool:
+        return self.exported_note is None
 
     @property
     def gpu_only(self) -> bool:

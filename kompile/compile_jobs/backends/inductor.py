@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 Array = np.ndarray[Any, Any]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_INPUT_DTYPES = {
+INPUT_DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -129,14 +129,14 @@ def example_feed(signature: Sequence[InputSpec], calibration: Sequence[Feeds]) -
     return out
 
 
-def _to_tensor(value: Array, dtype: torch.dtype, device: str) -> torch.Tensor:
+def to_tensor(value: Array, dtype: torch.dtype, device: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(value)).to(device=device, dtype=dtype)
 
 
 def input_dtypes(signature: Sequence[InputSpec], model_dtype: torch.dtype) -> list[torch.dtype]:
     """What the package takes: float inputs in the model's precision, the others as declared."""
     return [
-        model_dtype if _INPUT_DTYPES[s.dtype].is_floating_point else _INPUT_DTYPES[s.dtype] for s in signature
+        model_dtype if INPUT_DTYPES[s.dtype].is_floating_point else INPUT_DTYPES[s.dtype] for s in signature
     ]
 
 
@@ -170,7 +170,7 @@ def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
 _LOCATION = re.compile(r"File: (\S+?\.py):(\d+) in \w+, code: (.+)|\((\S+?\.py):(\d+) in \w+\)")
 
 
-def describe_export_error(err: BaseException, label: str) -> str:
+def describe_export_error(err: BaseException, label: str, package: str = "an AOTInductor package") -> str:
     """A one-paragraph message: where (file:line and code), what construct, and what to change."""
     text = str(err)
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(err).__name__)
@@ -199,7 +199,7 @@ def describe_export_error(err: BaseException, label: str) -> str:
         what = first
     at = f"{where}: `{code}`: " if code else (f"{where}: " if where else "")
     return (
-        f"cannot export {label} with torch.export for an AOTInductor package: {at}{what}. Graph breaks "
+        f"cannot export {label} with torch.export for {package}: {at}{what}. Graph breaks "
         "are not allowed in an ahead-of-time package: the whole forward() must trace as one graph"
     )
 
@@ -292,8 +292,7 @@ class InductorRunner:
         if missing:
             raise BackendError(f"inputs {missing} missing for {self.path.name}; it takes {self.input_names}")
         args = [
-            _to_tensor(feeds[n], dt, self.device)
-            for n, dt in zip(self.input_names, self._dtypes, strict=True)
+            to_tensor(feeds[n], dt, self.device) for n, dt in zip(self.input_names, self._dtypes, strict=True)
         ]
         try:
             with torch.inference_mode():
@@ -372,7 +371,7 @@ class InductorBackend(Backend):
         dtypes = input_dtypes(request.signature, dtype)
         feed = example_feed(request.signature, request.calibration)
         args = tuple(
-            _to_tensor(feed[s.name], dt, device) for s, dt in zip(request.signature, dtypes, strict=True)
+            to_tensor(feed[s.name], dt, device) for s, dt in zip(request.signature, dtypes, strict=True)
         )
         record = {
             "precision": target.precision,
