@@ -1,14 +1,15 @@
 """Reconcile one CompiledModel: desired targets vs. Jobs and cache, results into status.
 
-Level-triggered and idempotent: it may run from a spec change, a Job event, a Node event or the
-resync timer, any number of times, and always converges to the same Jobs and status. Decisions
-are delegated to pure modules (fleet, targets, jobs, results); this file sequences the calls.
+Level-triggered and idempotent: it may run from a spec change, a Job event, a change of the fleet's
+hardware classes or a requeue while work is in flight, any number of times, and always converges
+to the same Jobs and status. Decisions are delegated to pure modules (fleet, targets, jobs,
+results); this file sequences the calls.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, file_sizes, join, object_version, read_bytes
 from kompile.operator import metrics, tenancy, tensorrt_match
-from kompile.operator.fleet import discover
+from kompile.operator.fleet import HardwareClass
 from kompile.operator.jobs import (
     ANNOTATION_CACHE_KEY,
     ANNOTATION_PREFIX,
@@ -32,7 +33,7 @@ from kompile.operator.jobs import (
     build_job,
 )
 from kompile.operator.kube import Kube
-from kompile.operator.lineage import move_alias, register_generation
+from kompile.operator.lineage import move_alias, register_generation, tracking_uri
 from kompile.operator.results import from_job
 from kompile.operator.serve import reconcile_rollouts
 from kompile.operator.settings import Settings
@@ -44,6 +45,8 @@ EventFn = Callable[[str, str, str], None]
 """(type Normal|Warning, reason, message)"""
 
 TERMINAL = ("Succeeded", "Failed", "Skipped")
+ROLLOUT_WAITING = ("Pending", "Progressing", "Canary")
+"""Rollout phases that change with time or with an InferenceService the operator does not watch."""
 
 
 @dataclass
@@ -52,6 +55,11 @@ class Outcome:
 
     status: CompiledModelStatus
     done: bool
+    """Every target has settled (or the spec was refused)."""
+    requeue: bool = False
+    """Something is in flight that no watched event announces: look again after a delay."""
+    patched: bool = False
+    """The status differed from the one read and was written."""
 
 
 def store_root(cm: CompiledModel, settings: Settings) -> str:
@@ -164,7 +172,54 @@ def _previous(doc: Mapping[str, Any], generation: int) -> CompiledModelStatus:
     return status
 
 
-def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: EventFn) -> Outcome:
+def _write_status(
+    kube: Kube, doc: Mapping[str, Any], namespace: str, name: str, status: CompiledModelStatus
+) -> bool:
+    """Patch the status unless it equals the one read: a settled CompiledModel costs no write (and
+    no watch event that would wake anything)."""
+    new = status.model_dump(by_alias=True, mode="json")
+    try:
+        old = CompiledModelStatus.model_validate(doc.get("status") or {}).model_dump(
+            by_alias=True, mode="json"
+        )
+    except ValidationError:
+        old = None
+    if old == new and doc.get("status"):
+        return False
+    kube.patch_status(namespace, name, new)
+    return True
+
+
+def in_flight(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> bool:
+    """Whether this CompiledModel waits on something that no watched event announces: a target not
+    settled (pods being placed, a result awaited, the store down), a registration or alias move to
+    retry, a rollout under way. A suspended target waits for a spec change, which is an event."""
+    targets = status.targets
+    if any(t.phase not in TERMINAL and t.reason != "Suspended" for t in targets):
+        return True
+    if not targets or any(t.phase not in TERMINAL for t in targets):
+        return False
+    if tracking_uri(cm, settings):
+        reg = status.registry
+        if reg is None or not reg.run_id or reg.pending_aliases:
+            return True
+        if any(t.artifact is not None and not t.registered_version for t in targets if t.phase != "Skipped"):
+            return True
+        rollout = cm.spec.rollout is not None and cm.spec.rollout.enabled
+        if not rollout and not reg.aliases_set:
+            return True
+    return any(r.phase in ROLLOUT_WAITING for r in status.rollouts)
+
+
+def reconcile(
+    doc: Mapping[str, Any],
+    kube: Kube,
+    settings: Settings,
+    event: EventFn,
+    *,
+    classes: Sequence[HardwareClass],
+) -> Outcome:
+    """One pass over a CompiledModel read just now; `classes` is the fleet as the Node watch shows it."""
     meta = doc.get("metadata") or {}
     namespace, name = meta.get("namespace", "default"), meta.get("name", "")
     generation = int(meta.get("generation") or 0)
@@ -176,8 +231,7 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         msg = format_validation_error(err, f"{namespace}/{name}")
         status.conditions = set_condition(status.conditions, "Ready", "False", "InvalidSpec", msg, generation)
         status.observed_generation = generation
-        kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
-        return Outcome(status, done=True)
+        return Outcome(status, done=True, patched=_write_status(kube, doc, namespace, name, status))
 
     status = _previous(doc, generation)
     refused = tenancy.refusal(cm, settings)
@@ -186,9 +240,10 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
             status.conditions, "Ready", "False", "EndpointNotAllowed", refused, generation
         )
         status.observed_generation = generation
-        kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
-        event("Warning", "EndpointNotAllowed", refused)
-        return Outcome(status, done=True)
+        patched = _write_status(kube, doc, namespace, name, status)
+        if patched:  # said once, not at every look
+            event("Warning", "EndpointNotAllowed", refused)
+        return Outcome(status, done=True, patched=patched)
     old = {t.name: t for t in status.targets}
     uid = cm.metadata.uid or ""
     jobs = kube.list_jobs(namespace, f"{LABEL_UID}={uid}")
@@ -207,7 +262,6 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         if (j["metadata"].get("labels") or {}).get(LABEL_GENERATION) == str(generation)
     }
 
-    classes = discover(kube.list_nodes())
     resolved = resolve_targets(cm.spec, classes, settings.runtime_class_gpu)
     store = store_access(cm, kube, settings, event)
     targets: list[TargetStatus] = []
@@ -242,8 +296,9 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         and all(t.phase in TERMINAL for t in targets)
     ):
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
-    kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
-    return Outcome(status, done=all(t.phase in TERMINAL for t in targets))
+    patched = _write_status(kube, doc, namespace, name, status)
+    done = all(t.phase in TERMINAL for t in targets)
+    return Outcome(status, done=done, requeue=in_flight(cm, status, settings), patched=patched)
 
 
 def _tensorrt_refusal(cm: CompiledModel, rt: ResolvedTarget, settings: Settings) -> str | None:

@@ -49,7 +49,7 @@ def _doc(options: dict[str, str]) -> dict[str, Any]:
 def test_bad_option_is_an_invalid_spec_condition_before_any_job(options: dict[str, str], phrase: str) -> None:
     kube = StatusOnlyKube()
     events: list[tuple[str, str, str]] = []
-    outcome = reconcile(_doc(options), kube, Settings(), lambda *e: events.append(e))  # type: ignore[arg-type]
+    outcome = reconcile(_doc(options), kube, Settings(), lambda *e: events.append(e), classes=[])  # type: ignore[arg-type]
     assert outcome.done
     (patch,) = kube.patches
     (ready,) = [c for c in patch["conditions"] if c["type"] == "Ready"]
