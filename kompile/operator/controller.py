@@ -4,16 +4,20 @@ Kopf's handlers (kompile.operator.main) only call the `on_*` methods here, which
 never touch the API server. What each costs:
 - a CompiledModel listed at start, created, or given a new spec: one reconcile;
 - its own status patches: nothing (they do not change the generation);
-- a compile Job's change: one reconcile of its owner, deduplicated while queued;
+- a compile Job's outcome (or deletion): one reconcile of its owner a second later (the ends of
+  its other Jobs meanwhile join it), deduplicated while queued;
+  its other changes (a pod placed, started) wait for the in-flight requeue;
 - a change of the fleet's hardware classes: one reconcile of every known CompiledModel;
-- work in flight after a reconcile: one more after KOMPILE_RESYNC_SECONDS; a settled
-  CompiledModel is not looked at again until one of the above happens;
+- work in flight after a reconcile: one more after KOMPILE_RESYNC_SECONDS (or a slow safety look
+  while only running Jobs are awaited: their ends are watched); a settled CompiledModel is not
+  looked at again until one of the above happens;
 - deletion: its queue entry, backoff and metric series go; its Jobs go by ownerReferences.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,6 +56,18 @@ def needs_reconcile(event_type: str | None, body: Mapping[str, Any]) -> bool:
     return bool((body.get("status") or {}).get("observedGeneration") != generation)
 
 
+JOB_COALESCE_SECONDS = 1.0
+
+
+def job_decided(event_type: str | None, body: Mapping[str, Any]) -> bool:
+    """A Job event worth its owner's reconcile now: the Job has an outcome (a True condition:
+    SuccessCriteriaMet, Complete, FailureTarget, Failed...) or is gone."""
+    if event_type == "DELETED":
+        return True
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("status") == "True" for c in conditions)
+
+
 class Controller:
     def __init__(self, settings: Settings, kube: Callable[[], Kube]) -> None:
         self.settings = settings
@@ -61,14 +77,31 @@ class Controller:
         self._known: set[Key] = set()
         self._known_lock = threading.Lock()
         self._workers: list[threading.Thread] = []
+        # Events are posted from their own thread: a worker never waits on one.
+        self._events: queue.Queue[tuple[Mapping[str, Any], str, str, str] | None] = queue.Queue()
+        self._poster = threading.Thread(target=self._post_events, name="kompile-events", daemon=True)
 
     def start(self) -> None:
+        self._poster.start()
         self._workers = start_workers(self.queue, self.process, self.settings.workers)
 
     def stop(self) -> None:
         self.queue.shutdown()
         for t in self._workers:
             t.join(timeout=30)  # a reconcile in progress finishes its API calls (bounded by timeouts)
+        self._events.put(None)
+        self._poster.join(timeout=30)
+
+    def _post_events(self) -> None:
+        while (item := self._events.get()) is not None:
+            doc, kind, reason, message = item
+            try:
+                self.kube().post_event(dict(doc), kind, reason, message)
+            except (ApiException, HTTPError) as err:  # an Event is a courtesy, never a failure
+                meta = doc.get("metadata") or {}
+                log.warning(
+                    "%s/%s: Event %s not posted: %s", meta.get("namespace"), meta.get("name"), reason, err
+                )
 
     # -- from Kopf's handlers: cheap, no API calls ---------------------------------------------------
 
@@ -82,11 +115,15 @@ class Controller:
         if needs_reconcile(event_type, body):
             self._add(key)
 
-    def on_job_event(self, body: Mapping[str, Any]) -> None:
+    def on_job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if not job_decided(event_type, body):
+            return  # a pod placed or started: the in-flight requeue shows it, no reconcile per step
         namespace = (body.get("metadata") or {}).get("namespace") or "default"
         for owner in (body.get("metadata") or {}).get("ownerReferences") or []:
             if owner.get("kind") == "CompiledModel" and owner.get("name"):
-                self._add((namespace, owner["name"]))
+                # A short delay gathers the ends of several Jobs (and each Job's two conditions,
+                # SuccessCriteriaMet then Complete) into one reconcile.
+                self.queue.add_after((namespace, owner["name"]), JOB_COALESCE_SECONDS)
 
     def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         if event_type == "DELETED":
@@ -125,10 +162,7 @@ class Controller:
                 return  # being deleted: no Job is started for it
 
             def event(kind: str, reason: str, message: str) -> None:
-                try:
-                    kube.post_event(doc, kind, reason, message)
-                except (ApiException, HTTPError) as err:  # an Event is a courtesy, never a failure
-                    log.warning("%s/%s: Event %s not posted: %s", namespace, name, reason, err)
+                self._events.put((doc, kind, reason, message))
 
             outcome = reconcile(doc, kube, self.settings, event, classes=self.fleet.classes())
         except (ApiException, HTTPError) as err:
@@ -141,6 +175,6 @@ class Controller:
         finally:
             metrics.QUEUE_DEPTH.set(len(self.queue))
         self.queue.forget(key)
-        if outcome.requeue:
-            self.queue.add_after(key, self.settings.resync_seconds)
+        if outcome.requeue_after is not None:
+            self.queue.add_after(key, outcome.requeue_after)
         metrics.QUEUE_DELAYED.set(self.queue.delayed)

@@ -69,8 +69,11 @@ class Kube:
                 raise
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list_pods(namespace, f"{JOB_NAME_LABEL}={job}")
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         items = self.core.list_namespaced_pod(
-            namespace, label_selector=f"{JOB_NAME_LABEL}={job}", _request_timeout=REQUEST_TIMEOUT
+            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
         ).items
         return [self.api.sanitize_for_serialization(p) for p in items]
 

@@ -71,6 +71,6 @@ def model_event(body: kopf.Body, event: kopf.RawEvent, **_: Any) -> None:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_NAME: kopf.PRESENT})
-def job_event(body: kopf.Body, **_: Any) -> None:
-    """A compile Job changed: its owner is looked at now rather than at its next requeue."""
-    CONTROLLER.on_job_event(body)
+def job_event(body: kopf.Body, event: kopf.RawEvent, **_: Any) -> None:
+    """A compile Job ended: its owner is looked at now rather than at its next requeue."""
+    CONTROLLER.on_job_event(event.get("type"), body)

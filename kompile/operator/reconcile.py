@@ -32,7 +32,7 @@ from kompile.operator.jobs import (
     LABEL_UID,
     build_job,
 )
-from kompile.operator.kube import Kube
+from kompile.operator.kube import JOB_NAME_LABEL, Kube
 from kompile.operator.lineage import move_alias, register_generation, tracking_uri
 from kompile.operator.results import from_job
 from kompile.operator.serve import reconcile_rollouts
@@ -56,8 +56,8 @@ class Outcome:
     status: CompiledModelStatus
     done: bool
     """Every target has settled (or the spec was refused)."""
-    requeue: bool = False
-    """Something is in flight that no watched event announces: look again after a delay."""
+    requeue_after: float | None = None
+    """Seconds until it is looked at again (kompile.operator.reconcile.requeue_after); None: not."""
     patched: bool = False
     """The status differed from the one read and was written."""
 
@@ -172,6 +172,23 @@ def _previous(doc: Mapping[str, Any], generation: int) -> CompiledModelStatus:
     return status
 
 
+class PodsOfJobs:
+    """A CompiledModel's compile pods, listed once per reconcile (by its uid label) when a Job's
+    are first asked for, then handed out per Job: one call, not one per unsettled target."""
+
+    def __init__(self, kube: Kube, namespace: str, uid: str) -> None:
+        self.kube, self.namespace, self.uid = kube, namespace, uid
+        self._by_job: dict[str, list[dict[str, Any]]] | None = None
+
+    def __call__(self, job: str) -> list[dict[str, Any]]:
+        if self._by_job is None:
+            self._by_job = {}
+            for pod in self.kube.list_pods(self.namespace, f"{LABEL_UID}={self.uid}"):
+                owner = ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_NAME_LABEL, "")
+                self._by_job.setdefault(owner, []).append(pod)
+        return self._by_job.get(job, [])
+
+
 def _write_status(
     kube: Kube, doc: Mapping[str, Any], namespace: str, name: str, status: CompiledModelStatus
 ) -> bool:
@@ -190,13 +207,30 @@ def _write_status(
     return True
 
 
-def in_flight(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> bool:
-    """Whether this CompiledModel waits on something that no watched event announces: a target not
-    settled (pods being placed, a result awaited, the store down), a registration or alias move to
-    retry, a rollout under way. A suspended target waits for a spec change, which is an event."""
+JOB_WATCH_FACTOR = 6
+"""A target whose Job runs is announced by the Job's watch when it ends: it is looked at only every
+this many KOMPILE_RESYNC_SECONDS, as a safety net (a watch event lost across a reconnect)."""
+
+
+def requeue_after(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> float | None:
+    """How soon to look at this CompiledModel again, or None when nothing is in flight.
+
+    KOMPILE_RESYNC_SECONDS while it waits on something no watched event announces: a target with no
+    Job yet (the store down) or a result awaited after its Job ended, a registration or alias move
+    to retry, a rollout under way. A target whose Job runs is announced by the Job's watch, so only
+    a slow safety look. A suspended target waits for a spec change, which is an event."""
     targets = status.targets
-    if any(t.phase not in TERMINAL and t.reason != "Suspended" for t in targets):
-        return True
+    waiting = [t for t in targets if t.phase not in TERMINAL and t.reason != "Suspended"]
+    if any(t.job is None or t.reason == "AwaitingResult" for t in waiting) or _after_targets(
+        cm, status, settings
+    ):
+        return settings.resync_seconds
+    return settings.resync_seconds * JOB_WATCH_FACTOR if waiting else None
+
+
+def _after_targets(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> bool:
+    """Every target settled and the registration, an alias or a rollout still to do or under way."""
+    targets = status.targets
     if not targets or any(t.phase not in TERMINAL for t in targets):
         return False
     if tracking_uri(cm, settings):
@@ -264,13 +298,14 @@ def reconcile(
 
     resolved = resolve_targets(cm.spec, classes, settings.runtime_class_gpu)
     store = store_access(cm, kube, settings, event)
+    pods = PodsOfJobs(kube, namespace, uid)
     targets: list[TargetStatus] = []
     for rt in resolved:
         prev = old.get(rt.name)
         if prev is not None and prev.phase in TERMINAL:
             targets.append(prev)
             continue
-        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event))
+        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event, pods))
     status.targets = targets
     before = next((c.status for c in status.conditions if c.type == "Ready"), None)
     summarize(status, generation)
@@ -298,7 +333,7 @@ def reconcile(
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
     patched = _write_status(kube, doc, namespace, name, status)
     done = all(t.phase in TERMINAL for t in targets)
-    return Outcome(status, done=done, requeue=in_flight(cm, status, settings), patched=patched)
+    return Outcome(status, done=done, requeue_after=requeue_after(cm, status, settings), patched=patched)
 
 
 def _tensorrt_refusal(cm: CompiledModel, rt: ResolvedTarget, settings: Settings) -> str | None:
@@ -321,15 +356,16 @@ def _target(
     settings: Settings,
     store: StoreAccess,
     event: EventFn,
+    pods: Callable[[str], list[dict[str, Any]]] | None = None,
 ) -> TargetStatus:
     """One target's status this reconcile: read from its Job, refused, reused from the cache, or a
-    Job launched for it, in that order."""
+    Job launched for it, in that order. `pods` gives a Job's pods (default: one list per Job)."""
     if job is not None:
         # The Job's own key and prefix: where it wrote, whatever a recomputed key would say now.
         notes = (job.get("metadata") or {}).get("annotations") or {}
         if notes.get(ANNOTATION_CACHE_KEY) and notes.get(ANNOTATION_PREFIX):
             key, prefix = notes[ANNOTATION_CACHE_KEY], notes[ANNOTATION_PREFIX]
-            return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
+            return _from_job(cm, rt, job, prev, kube, store, prefix, key, event, pods)
     try:
         key = target_cache_key(cm, rt, settings, store)
     except StoreUnavailable as err:
@@ -342,7 +378,7 @@ def _target(
         )
     prefix = artifact_prefix(store_root(cm, settings), key)
     if job is not None:
-        return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
+        return _from_job(cm, rt, job, prev, kube, store, prefix, key, event, pods)
     refused = _tensorrt_refusal(cm, rt, settings)
     if refused:
         event("Warning", "TensorRTVersionMismatch", f"target {rt.name}: {refused}")
@@ -393,13 +429,15 @@ def _from_job(
     prefix: str,
     key: str,
     event: EventFn,
+    pods: Callable[[str], list[dict[str, Any]]] | None = None,
 ) -> TargetStatus:
     """The target's status from its Job, its pods and the result it stored; metrics and an Event
     once it has settled."""
     namespace = cm.metadata.namespace or "default"
     stored = read_stored_result(prefix, store)
-    pods = kube.job_pods(namespace, job["metadata"]["name"])
-    ts, _digest = from_job(rt, job, pods, stored.target if stored else None)
+    name = job["metadata"]["name"]
+    job_pods = pods(name) if pods is not None else kube.job_pods(namespace, name)
+    ts, _digest = from_job(rt, job, job_pods, stored.target if stored else None)
     ts.cache_key = key
     if ts.node is None and prev is not None:
         ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier

@@ -8,9 +8,9 @@ from typing import Any
 
 from kompile.api.resource import CompiledModel
 from kompile.api.status import CompiledModelStatus, RolloutStatus, TargetStatus
-from kompile.operator.controller import needs_reconcile
+from kompile.operator.controller import job_decided, needs_reconcile
 from kompile.operator.fleet_index import FleetIndex
-from kompile.operator.reconcile import in_flight
+from kompile.operator.reconcile import requeue_after
 from kompile.operator.settings import Settings
 
 
@@ -65,21 +65,37 @@ CM = CompiledModel.model_validate(
 )
 
 
-def target(phase: str, reason: str | None = None) -> TargetStatus:
-    return TargetStatus(name="t", backend="onnxruntime", precision="fp32", phase=phase, reason=reason)  # type: ignore[arg-type]
+def target(phase: str, reason: str | None = None, job: str | None = None) -> TargetStatus:
+    return TargetStatus(
+        name="t", backend="onnxruntime", precision="fp32", phase=phase, reason=reason, job=job
+    )  # type: ignore[arg-type]
 
 
 def test_a_model_is_looked_at_again_only_while_something_is_in_flight() -> None:
-    s = Settings()
-    assert not in_flight(CM, CompiledModelStatus(), s)
-    assert not in_flight(CM, CompiledModelStatus(targets=[target("Succeeded"), target("Failed")]), s)
-    assert in_flight(CM, CompiledModelStatus(targets=[target("Succeeded"), target("Running")]), s)
-    assert in_flight(CM, CompiledModelStatus(targets=[target("Pending", "StoreUnavailable")]), s)
-    assert not in_flight(CM, CompiledModelStatus(targets=[target("Pending", "Suspended")]), s)
+    s = Settings(resync_seconds=10)
+
+    def after(*targets: TargetStatus, settings: Settings = s, **status: Any) -> float | None:
+        return requeue_after(CM, CompiledModelStatus(targets=list(targets), **status), settings)
+
+    assert after() is None
+    assert after(target("Succeeded"), target("Failed")) is None
+    assert after(target("Pending", "StoreUnavailable")) == 10  # no Job: nothing watched announces it
+    assert after(target("Running", "AwaitingResult", job="j")) == 10  # the Job ended, the result is not in
+    assert after(target("Succeeded"), target("Running", job="j")) == 60  # its end is a watched event
+    assert after(target("Pending", "Suspended")) is None  # waits for a spec change
     canary = RolloutStatus(hardware_class="cpu-amd64", phase="Canary", inference_service="m")
-    assert in_flight(CM, CompiledModelStatus(targets=[target("Succeeded")], rollouts=[canary]), s)
-    ready = canary.model_copy(update={"phase": "Ready"})
-    assert not in_flight(CM, CompiledModelStatus(targets=[target("Succeeded")], rollouts=[ready]), s)
+    assert after(target("Succeeded"), rollouts=[canary]) == 10
+    assert after(target("Succeeded"), rollouts=[canary.model_copy(update={"phase": "Ready"})]) is None
     # With MLflow configured, a generation not yet registered is retried.
-    tracked = Settings(tracking_uri="http://mlflow:5000")
-    assert in_flight(CM, CompiledModelStatus(targets=[target("Succeeded")]), tracked)
+    assert (
+        after(target("Succeeded"), settings=Settings(resync_seconds=10, tracking_uri="http://mlflow:5000"))
+        == 10
+    )
+
+
+def test_only_a_jobs_outcome_or_deletion_wakes_its_owner() -> None:
+    running = {"status": {"active": 1, "ready": 1}}
+    ended = {"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}
+    assert not job_decided("ADDED", {}) and not job_decided("MODIFIED", running)
+    assert job_decided("MODIFIED", ended) and job_decided("DELETED", running)
+    assert not job_decided("MODIFIED", {"status": {"conditions": [{"type": "Suspended", "status": "False"}]}})
