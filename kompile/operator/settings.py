@@ -84,9 +84,10 @@ class Settings:
     awaited, a registration or rollout under way) is looked at again; a settled one is not."""
     workers: int = 4
     """KOMPILE_WORKERS: reconcile worker threads (one CompiledModel is never reconciled by two)."""
-    lease_name: str = "kompile-operator"
-    """KOMPILE_LEASE_NAME: the coordination.k8s.io Lease that elects the one active operator; empty
-    disables leader election (one replica only)."""
+    lease_name: str = "kompile"
+    """KOMPILE_LEASE_NAME: the coordination.k8s.io Lease that elects the one active operator (the
+    chart sets its release's full name, kompile for a release called kompile); empty disables
+    leader election (one replica only)."""
     lease_namespace: str = field(default_factory=lambda: _own_namespace({}))
     """KOMPILE_LEASE_NAMESPACE: the Lease's namespace; default the pod's own (POD_NAMESPACE, else
     the service account's namespace file), else default."""

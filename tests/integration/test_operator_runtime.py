@@ -32,7 +32,7 @@ from tests.integration.kubelet_standin import KubeletStandIn
 
 NS = "kompile-runtime"
 GROUP, VERSION, PLURAL = "kompile.dev", "v1alpha1", "compiledmodels"
-LEASE = "kompile-operator"
+LEASE = "kompile"  # the default name
 LEASE_SECONDS = 6
 OLD_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # Kopf's default, as an older operator left it
 
