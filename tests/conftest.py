@@ -1,5 +1,5 @@
-"""Suite-wide plugins: the real S3 (versitygw) and MLflow servers, started on first use; and MLflow's
-process-wide tracking URI, put back after each test."""
+"""Suite-wide plugins: the real S3 (versitygw) and MLflow servers, started on first use; MLflow's
+process-wide tracking URI, put back after each test; and the `scale` tests, run only with --scale."""
 
 from __future__ import annotations
 
@@ -32,3 +32,21 @@ def _restore_mlflow_tracking_uri() -> Iterator[None]:
         os.environ.pop(TRACKING_URI_ENV, None)
     else:
         os.environ[TRACKING_URI_ENV] = env
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--scale",
+        action="store_true",
+        help="also run the tests marked scale (the operator under load: many minutes, own control plane)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Deselected, not skipped: without --scale they are not part of the run at all.
+    if config.getoption("--scale"):
+        return
+    dropped = [item for item in items if item.get_closest_marker("scale")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker("scale")]
