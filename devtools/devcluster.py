@@ -85,6 +85,7 @@ class ControlPlane:
         kwok: bool = False,
         kwok_config: Path | None = None,
         timeout: float = 60.0,
+        apiserver_args: Sequence[str] = (),
     ) -> None:
         self.bin_dir = bin_dir
         self.work_dir = work_dir
@@ -94,6 +95,7 @@ class ControlPlane:
         # defaults beside the bin dir.
         self.kwok_config = kwok_config or default_kwok_config(bin_dir)
         self.timeout = timeout
+        self.apiserver_args = list(apiserver_args)  # extra flags (an audit policy, for a benchmark)
         self.log_dir = work_dir / "logs"
         self.pki = Pki(work_dir / "pki", FIRST_SERVICE_IP)
         self.kubeconfig = work_dir / "kubeconfig"
@@ -254,6 +256,7 @@ class ControlPlane:
                 f"--service-account-issuer={self.server}",
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
+                *self.apiserver_args,
             ],
             f"{self.server}/readyz",
             self._client_context(),

@@ -7,15 +7,23 @@ compile or validate; 2 when the input is wrong (manifest, source, inputs, export
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from kompile.api.resource import CompiledModel, ManifestError, load_manifest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kompile.operator.kube import Kube
+    from kompile.operator.leader import LeaseElector
+    from kompile.operator.settings import Settings as OperatorSettings
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Compile one trained model for every kind of hardware."
@@ -296,13 +304,43 @@ def operator(
         f"kompile operator: watching {', '.join(s.namespaces) or 'all namespaces'}; "
         f"liveness :{s.health_port}/healthz, metrics :{s.metrics_port}/metrics"
     )
+    from kompile.operator.leader import LeaseForbidden
+
     kopf.configure(debug=verbose, verbose=verbose)
-    kopf.run(
-        clusterwide=not s.namespaces,
-        namespaces=s.namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz",
-        standalone=True,
-    )
+    if not verbose:
+        # The handlers only enqueue: a "Handler succeeded" line per watch event would be most of the log.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        elector = _elect(s, operator_main.kube)
+    except LeaseForbidden as err:
+        err_console.print(f"error: {err}")
+        raise typer.Exit(1) from None
+    try:
+        kopf.run(
+            clusterwide=not s.namespaces,
+            namespaces=s.namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz",
+            standalone=True,
+        )
+    finally:
+        if elector is not None:
+            elector.release()
+
+
+def _elect(s: OperatorSettings, kube: Callable[[], Kube]) -> LeaseElector | None:
+    """Wait for the Lease (a standby), then keep it from a thread; None without leader election."""
+    from kubernetes import client
+
+    from kompile.operator.leader import LeaseElector, default_identity, lose_leadership, standby_health
+
+    if not s.lease_name:
+        return None
+    api = client.CoordinationV1Api(kube().api)
+    elector = LeaseElector(api, s.lease_name, s.lease_namespace, default_identity(), s.lease_duration_seconds)
+    with standby_health(s.health_port):
+        elector.acquire()
+    elector.keep(on_lost=lose_leadership)
+    return elector
 
 
 def main() -> None:

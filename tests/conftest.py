@@ -1,5 +1,6 @@
-"""Suite-wide plugins: the real S3 (versitygw) and MLflow servers, started on first use; and MLflow's
-process-wide tracking URI, put back after each test."""
+"""Suite-wide plugins: the real S3 (versitygw) and MLflow servers, started on first use; MLflow's
+process-wide tracking URI, put back after each test; and the operator's outage breaker, reset after
+each test."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -18,6 +19,9 @@ from kompile.api.resource import GROUP, PLURAL, VERSION
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 REQUEST_TIMEOUT = 30
+EVENT_MESSAGE_LIMIT = 1000
+COMPONENT = "kompile-operator"
+USER_AGENT = "kompile-operator"
 
 
 def api_message(err: ApiException) -> str:
@@ -42,14 +46,12 @@ class Kube:
 
     def __init__(self) -> None:
         api = client.ApiClient()
+        # One name for the operator's requests in the API server's audit log and request metrics.
+        api.user_agent = USER_AGENT
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.api = api
-
-    def list_nodes(self) -> list[dict[str, Any]]:
-        items = self.core.list_node(_request_timeout=REQUEST_TIMEOUT).items
-        return [self.api.sanitize_for_serialization(n) for n in items]
 
     def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         items = self.batch.list_namespaced_job(
@@ -77,10 +79,41 @@ class Kube:
                 raise
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list_pods(namespace, f"{JOB_NAME_LABEL}={job}")
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         items = self.core.list_namespaced_pod(
-            namespace, label_selector=f"{JOB_NAME_LABEL}={job}", _request_timeout=REQUEST_TIMEOUT
+            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
         ).items
         return [self.api.sanitize_for_serialization(p) for p in items]
+
+    def post_event(self, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event about obj (what `kubectl describe` shows); reconcile workers post their
+        own, outside Kopf's handler context."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        now = datetime.now(UTC).isoformat()
+        body = {
+            "metadata": {"generateName": "kompile-", "namespace": namespace},
+            "type": kind,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_LIMIT],
+            "action": reason,
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "source": {"component": COMPONENT},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"),
+                "kind": obj.get("kind"),
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(namespace, body, _request_timeout=REQUEST_TIMEOUT)
 
     def secret_data(self, namespace: str, name: str) -> dict[str, str]:
         """A Secret's decoded data (store credentials); the values never leave the operator's memory."""

@@ -1,10 +1,14 @@
-"""The Kopf application: the only module with @kopf decorators, each a thin shim into reconcile."""
+"""The Kopf application: the only module with @kopf decorators, each a thin shim into the controller.
+
+Handlers only enqueue (kompile.operator.controller) and return; no handler needs Kopf's finalizer
+(no timers, daemons or delete handlers), so a CompiledModel deleted while the operator is down
+goes at once, and Kopf removes the finalizer an older operator put on one when it next sees it.
+"""
 
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from prometheus_client import start_http_server
@@ -12,8 +16,8 @@ from prometheus_client import start_http_server
 from kompile.api.resource import GROUP, PLURAL, VERSION
 from kompile.operator import kube as kube_mod
 from kompile.operator import outages
+from kompile.operator.controller import Controller
 from kompile.operator.jobs import LABEL_NAME
-from kompile.operator.reconcile import reconcile
 from kompile.operator.settings import Settings
 
 SETTINGS = Settings.from_env()
@@ -28,9 +32,12 @@ def kube() -> kube_mod.Kube:
     return _kube
 
 
+CONTROLLER = Controller(SETTINGS, kube)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # Kopf's own bookkeeping goes to annotations: status belongs to the typed API alone.
+    # Nothing of Kopf's goes into status; with only event handlers it persists no progress at all.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.kompile.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.kompile.dev")
     settings.watching.server_timeout = 120
@@ -39,48 +46,33 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     outages.bound_calls(SETTINGS)
     start_http_server(SETTINGS.metrics_port)
     kube()
+    CONTROLLER.start()
 
 
-_locks: dict[str, threading.Lock] = {}
-_locks_guard = threading.Lock()
+@kopf.on.cleanup()
+def shutdown(**_: Any) -> None:
+    CONTROLLER.stop()
 
 
-def _lock_for(uid: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault(uid, threading.Lock())
+@kopf.index("", "v1", "nodes")
+def fleet_nodes(body: kopf.Body, **_: Any) -> None:
+    """Keeps the fleet index current; being an index, Kopf holds every other handler back until
+    the first listing of Nodes is in, so no CompiledModel is reconciled against half a fleet."""
+    CONTROLLER.on_node("MODIFIED", body)
 
 
-def _run(body: kopf.Body, logger: kopf.Logger) -> None:
-    def event(kind: str, reason: str, message: str) -> None:
-        (kopf.info if kind == "Normal" else kopf.warn)(body, reason=reason, message=message[:1000])
-
-    # Spec handlers, the resync timer and Job events may fire together for one CompiledModel; one
-    # reconcile at a time keeps an older view from overwriting a newer status.
-    with _lock_for(body.metadata.uid or ""):
-        fresh = kube().get_compiled_model(body.metadata.namespace or "default", body.metadata.name or "")
-        if fresh is None or fresh["metadata"].get("uid") != body.metadata.uid:
-            return  # deleted meanwhile: its Jobs go with it (ownerReferences)
-        reconcile(fresh, kube(), SETTINGS, event)
+@kopf.on.event("", "v1", "nodes")
+def node_event(body: kopf.Body, event: kopf.RawEvent, **_: Any) -> None:
+    if event.get("type") == "DELETED":  # the index sees additions and changes, not deletions
+        CONTROLLER.on_node("DELETED", body)
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def on_spec(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    _run(body, logger)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_seconds, initial_delay=SETTINGS.resync_seconds)
-def resync(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    # Level-triggered catch-all: Job ends, new hardware classes, store changes.
-    _run(body, logger)
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def model_event(body: kopf.Body, event: kopf.RawEvent, **_: Any) -> None:
+    CONTROLLER.on_model_event(event.get("type"), body)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_NAME: kopf.PRESENT})
-def on_job(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    """A compile Job changed: reconcile its owner now rather than at the next resync."""
-    owners = [o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "CompiledModel"]
-    for owner in owners:
-        doc = kube().get_compiled_model(body.metadata.namespace or "default", owner["name"])
-        if doc is not None and doc["metadata"].get("uid") == owner.get("uid"):
-            _run(kopf.Body(cast(kopf.RawBody, doc)), logger)
+def job_event(body: kopf.Body, event: kopf.RawEvent, **_: Any) -> None:
+    """A compile Job ended: its owner is looked at now rather than at its next requeue."""
+    CONTROLLER.on_job_event(event.get("type"), body)

@@ -17,3 +17,16 @@ VALIDATION_SECONDS = Histogram("kompile_validation_duration_seconds", "Validatio
 SPEEDUP = Gauge(
     "kompile_target_speedup", "Speedup over eager of a target's artifact.", ["namespace", "name", "target"]
 )
+QUEUE_DEPTH = Gauge("kompile_workqueue_depth", "CompiledModels waiting for a reconcile worker now.")
+QUEUE_DELAYED = Gauge(
+    "kompile_workqueue_delayed", "CompiledModels with work in flight, to be looked at again."
+)
+RETRIES = Counter("kompile_reconcile_retries_total", "Reconciles that failed and were retried with backoff.")
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop a deleted CompiledModel's labelled series, so they do not outlive it."""
+    for metric in SPEEDUP.collect():
+        for sample in metric.samples:
+            if sample.labels.get("namespace") == namespace and sample.labels.get("name") == name:
+                SPEEDUP.remove(namespace, name, sample.labels["target"])

@@ -1,14 +1,15 @@
 """Reconcile one CompiledModel: desired targets vs. Jobs and cache, results into status.
 
-Level-triggered and idempotent: it may run from a spec change, a Job event, a Node event or the
-resync timer, any number of times, and always converges to the same Jobs and status. Decisions
-are delegated to pure modules (fleet, targets, jobs, results); this file sequences the calls.
+Level-triggered and idempotent: it may run from a spec change, a Job event, a change of the fleet's
+hardware classes or a requeue while work is in flight, any number of times, and always converges
+to the same Jobs and status. Decisions are delegated to pure modules (fleet, targets, jobs,
+results); this file sequences the calls.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition,
 from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
 from kompile.operator import metrics, spec_limits, tenancy, tensorrt_match
 from kompile.operator.crashpoints import crash_point
-from kompile.operator.fleet import discover
+from kompile.operator.fleet import HardwareClass
 from kompile.operator.jobs import (
     ANNOTATION_CACHE_KEY,
     ANNOTATION_PREFIX,
@@ -32,8 +33,14 @@ from kompile.operator.jobs import (
     LABEL_UID,
     build_job,
 )
-from kompile.operator.kube import Kube, api_message
-from kompile.operator.lineage import REGISTERED, move_alias, register_generation, settle_registered
+from kompile.operator.kube import JOB_NAME_LABEL, Kube, api_message
+from kompile.operator.lineage import (
+    REGISTERED,
+    move_alias,
+    register_generation,
+    settle_registered,
+    tracking_uri,
+)
 from kompile.operator.outages import BREAKER
 from kompile.operator.results import from_job
 from kompile.operator.serve import reconcile_rollouts
@@ -46,6 +53,8 @@ EventFn = Callable[[str, str, str], None]
 """(type Normal|Warning, reason, message)"""
 
 TERMINAL = ("Succeeded", "Failed", "Skipped", "Exported")
+ROLLOUT_WAITING = ("Pending", "Progressing", "Canary")
+"""Rollout phases that change with time or with an InferenceService the operator does not watch."""
 
 
 @dataclass
@@ -54,6 +63,11 @@ class Outcome:
 
     status: CompiledModelStatus
     done: bool
+    """Every target has settled (or the spec was refused)."""
+    requeue_after: float | None = None
+    """Seconds until it is looked at again (kompile.operator.reconcile.requeue_after); None: not."""
+    patched: bool = False
+    """The status differed from the one read and was written."""
 
 
 def store_root(cm: CompiledModel, settings: Settings) -> str:
@@ -183,7 +197,88 @@ def _previous(doc: Mapping[str, Any], generation: int) -> CompiledModelStatus:
     return status
 
 
-def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: EventFn) -> Outcome:
+class PodsOfJobs:
+    """A CompiledModel's compile pods, listed once per reconcile (by its uid label) when a Job's
+    are first asked for, then handed out per Job: one call, not one per unsettled target."""
+
+    def __init__(self, kube: Kube, namespace: str, uid: str) -> None:
+        self.kube, self.namespace, self.uid = kube, namespace, uid
+        self._by_job: dict[str, list[dict[str, Any]]] | None = None
+
+    def __call__(self, job: str) -> list[dict[str, Any]]:
+        if self._by_job is None:
+            self._by_job = {}
+            for pod in self.kube.list_pods(self.namespace, f"{LABEL_UID}={self.uid}"):
+                owner = ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_NAME_LABEL, "")
+                self._by_job.setdefault(owner, []).append(pod)
+        return self._by_job.get(job, [])
+
+
+def _write_status(
+    kube: Kube, doc: Mapping[str, Any], namespace: str, name: str, status: CompiledModelStatus
+) -> bool:
+    """Patch the status unless it equals the one read: a settled CompiledModel costs no write (and
+    no watch event that would wake anything)."""
+    new = status.model_dump(by_alias=True, mode="json")
+    try:
+        old = CompiledModelStatus.model_validate(doc.get("status") or {}).model_dump(
+            by_alias=True, mode="json"
+        )
+    except ValidationError:
+        old = None
+    if old == new and doc.get("status"):
+        return False
+    kube.patch_status(namespace, name, new)
+    return True
+
+
+JOB_WATCH_FACTOR = 6
+"""A target whose Job runs is announced by the Job's watch when it ends: it is looked at only every
+this many KOMPILE_RESYNC_SECONDS, as a safety net (a watch event lost across a reconnect)."""
+
+
+def requeue_after(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> float | None:
+    """How soon to look at this CompiledModel again, or None when nothing is in flight.
+
+    KOMPILE_RESYNC_SECONDS while it waits on something no watched event announces: a target with no
+    Job yet (the store down) or a result awaited after its Job ended, a registration or alias move
+    to retry, a rollout under way. A target whose Job runs is announced by the Job's watch, so only
+    a slow safety look. A suspended target waits for a spec change, which is an event."""
+    targets = status.targets
+    waiting = [t for t in targets if t.phase not in TERMINAL and t.reason != "Suspended"]
+    if any(t.job is None or t.reason == "AwaitingResult" for t in waiting) or _after_targets(
+        cm, status, settings
+    ):
+        return settings.resync_seconds
+    return settings.resync_seconds * JOB_WATCH_FACTOR if waiting else None
+
+
+def _after_targets(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> bool:
+    """Every target settled and the registration, an alias or a rollout still to do or under way."""
+    targets = status.targets
+    if not targets or any(t.phase not in TERMINAL for t in targets):
+        return False
+    if tracking_uri(cm, settings):
+        reg = status.registry
+        if reg is None or not reg.run_id or reg.pending_aliases:
+            return True
+        if any(t.artifact is not None and not t.registered_version for t in targets if t.phase != "Skipped"):
+            return True
+        rollout = cm.spec.rollout is not None and cm.spec.rollout.enabled
+        if not rollout and not reg.aliases_set:
+            return True
+    return any(r.phase in ROLLOUT_WAITING for r in status.rollouts)
+
+
+def reconcile(
+    doc: Mapping[str, Any],
+    kube: Kube,
+    settings: Settings,
+    event: EventFn,
+    *,
+    classes: Sequence[HardwareClass],
+) -> Outcome:
+    """One pass over a CompiledModel read just now; `classes` is the fleet as the Node watch shows it."""
     meta = doc.get("metadata") or {}
     namespace, name = meta.get("namespace", "default"), meta.get("name", "")
     generation = int(meta.get("generation") or 0)
@@ -195,8 +290,7 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         msg = format_validation_error(err, f"{namespace}/{name}")
         status.conditions = set_condition(status.conditions, "Ready", "False", "InvalidSpec", msg, generation)
         status.observed_generation = generation
-        kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
-        return Outcome(status, done=True)
+        return Outcome(status, done=True, patched=_write_status(kube, doc, namespace, name, status))
 
     status = _previous(doc, generation)
     # Before any Job, Secret read or MLflow call: nothing of the operator's goes there.
@@ -223,20 +317,20 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
         if (j["metadata"].get("labels") or {}).get(LABEL_GENERATION) == str(generation)
     }
 
-    classes = discover(kube.list_nodes())
     resolved = resolve_targets(cm.spec, classes, settings.runtime_class_gpu)
     too_many = spec_limits.too_many_targets(cm, len(resolved))
     if too_many:  # status could not hold them: every patch would be refused
         status.targets = []
         return _refuse(status, "TooManyTargets", too_many, doc, kube, event)
     store = store_access(cm, kube, settings, event)
+    pods = PodsOfJobs(kube, namespace, uid)
     targets: list[TargetStatus] = []
     for rt in resolved:
         prev = old.get(rt.name)
         if prev is not None and prev.phase in TERMINAL:
             targets.append(prev)
             continue
-        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event))
+        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event, pods))
     status.targets = targets
     was = next((c for c in status.conditions if c.type == "Ready"), None)
     before = was.status if was else None
@@ -257,7 +351,7 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
             reconcile_rollouts(cm, status, resolved, kube, settings, event)
         else:
             _alias_winners(cm, status, settings, event, resolved)
-    registered = settle_registered(cm, status, settings)
+    settle_registered(cm, status, settings)
     _not_ready_while_unregistered(status, generation)
     _store_reachable(status, generation, event)
     ready = next(c for c in status.conditions if c.type == "Ready")
@@ -271,9 +365,9 @@ def reconcile(doc: Mapping[str, Any], kube: Kube, settings: Settings, event: Eve
     ):
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
     crash_point("before-status-patch")
-    kube.patch_status(namespace, name, status.model_dump(by_alias=True, mode="json"))
-    # Not done while MLflow owes a record: the requeue retries it after the outage's backoff.
-    return Outcome(status, done=all(t.phase in TERMINAL for t in targets) and (registered or not settled))
+    patched = _write_status(kube, doc, namespace, name, status)
+    done = all(t.phase in TERMINAL for t in targets)
+    return Outcome(status, done=done, requeue_after=requeue_after(cm, status, settings), patched=patched)
 
 
 def _store_reachable(status: CompiledModelStatus, generation: int, event: EventFn) -> None:
@@ -329,12 +423,10 @@ def _refuse(
     before = next((c.reason for c in status.conditions if c.type == "Ready"), None)
     status.conditions = set_condition(status.conditions, "Ready", "False", reason, message, generation)
     status.observed_generation = generation
-    kube.patch_status(
-        meta.get("namespace", "default"), meta.get("name", ""), status.model_dump(by_alias=True, mode="json")
-    )
+    patched = _write_status(kube, doc, meta.get("namespace", "default"), meta.get("name", ""), status)
     if before != reason:
         event("Warning", reason, message)
-    return Outcome(status, done=True)
+    return Outcome(status, done=True, patched=patched)
 
 
 def _tensorrt_refusal(cm: CompiledModel, rt: ResolvedTarget, settings: Settings) -> str | None:
@@ -357,22 +449,23 @@ def _target(
     settings: Settings,
     store: StoreAccess,
     event: EventFn,
+    pods: Callable[[str], list[dict[str, Any]]] | None = None,
 ) -> TargetStatus:
     """One target's status this reconcile: read from its Job, refused, reused from the cache, or a
-    Job launched for it, in that order."""
+    Job launched for it, in that order. `pods` gives a Job's pods (default: one list per Job)."""
     if job is not None:
         # The Job's own key and prefix: where it wrote, whatever a recomputed key would say now.
         notes = (job.get("metadata") or {}).get("annotations") or {}
         if notes.get(ANNOTATION_CACHE_KEY) and notes.get(ANNOTATION_PREFIX):
             key, prefix = notes[ANNOTATION_CACHE_KEY], notes[ANNOTATION_PREFIX]
-            return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
+            return _from_job(cm, rt, job, prev, kube, store, prefix, key, event, pods)
     try:
         key = target_cache_key(cm, rt, settings, store)
     except StoreUnavailable as err:
         return _store_unavailable(rt, "", err)
     prefix = artifact_prefix(store_root(cm, settings), cm.metadata.namespace or "default", key)
     if job is not None:
-        return _from_job(cm, rt, job, prev, kube, store, prefix, key, event)
+        return _from_job(cm, rt, job, prev, kube, store, prefix, key, event, pods)
     refused = _tensorrt_refusal(cm, rt, settings)
     if refused:
         event("Warning", "TensorRTVersionMismatch", f"target {rt.name}: {refused}")
@@ -431,6 +524,7 @@ def _from_job(
     prefix: str,
     key: str,
     event: EventFn,
+    pods: Callable[[str], list[dict[str, Any]]] | None = None,
 ) -> TargetStatus:
     """The target's status from its Job, its pods and the result it stored; metrics and an Event
     once it has settled."""
@@ -441,8 +535,9 @@ def _from_job(
         # The termination message may carry the result; else the target awaits the store.
         log.warning("target %s: %s", rt.name, err)
         stored = None
-    pods = kube.job_pods(namespace, job["metadata"]["name"])
-    ts, _digest = from_job(rt, job, pods, stored.target if stored else None)
+    name = job["metadata"]["name"]
+    job_pods = pods(name) if pods is not None else kube.job_pods(namespace, name)
+    ts, _digest = from_job(rt, job, job_pods, stored.target if stored else None)
     ts.cache_key = key
     if ts.node is None and prev is not None:
         ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier

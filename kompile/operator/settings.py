@@ -5,9 +5,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kompile.api.catalog import CATALOG
 from kompile.api.toolchain import PINNED
+
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _own_namespace(env: Mapping[str, str]) -> str:
+    if env.get("POD_NAMESPACE"):
+        return env["POD_NAMESPACE"]
+    try:
+        return SA_NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
 
 
 def _csv(value: str | None) -> list[str]:
@@ -68,11 +80,24 @@ class Settings:
     kserve_namespace: str = "kserve"
     """KOMPILE_KSERVE_NAMESPACE: where KServe's inferenceservice-config ConfigMap lives."""
     resync_seconds: float = 10.0
-    """KOMPILE_RESYNC_SECONDS: how often a CompiledModel with running Jobs is looked at again."""
+    """KOMPILE_RESYNC_SECONDS: how soon a CompiledModel with work in flight (Jobs running, a result
+    awaited, a registration or rollout under way) is looked at again; a settled one is not."""
     call_timeout_seconds: float = 10.0
     """KOMPILE_CALL_TIMEOUT_SECONDS: how long one call to MLflow or the artifact store may take (two
     tries each); after a failure the endpoint is left alone for a backoff of 5 s doubling to 120 s.
     MLFLOW_HTTP_REQUEST_TIMEOUT and KOMPILE_STORE_TIMEOUT_SECONDS, when set, win."""
+    workers: int = 4
+    """KOMPILE_WORKERS: reconcile worker threads (one CompiledModel is never reconciled by two)."""
+    lease_name: str = "kompile"
+    """KOMPILE_LEASE_NAME: the coordination.k8s.io Lease that elects the one active operator (the
+    chart sets its release's full name, kompile for a release called kompile); empty disables
+    leader election (one replica only)."""
+    lease_namespace: str = field(default_factory=lambda: _own_namespace({}))
+    """KOMPILE_LEASE_NAMESPACE: the Lease's namespace; default the pod's own (POD_NAMESPACE, else
+    the service account's namespace file), else default."""
+    lease_duration_seconds: float = 15.0
+    """KOMPILE_LEASE_DURATION_SECONDS: how long a Lease not renewed holds; a standby takes over
+    within about this long after the leader dies."""
     gpu_tensorrt_version: str | None = None
     """KOMPILE_GPU_TENSORRT_VERSION: TensorRT version the GPU compile image carries (major.minor.
     patch[.build], `python3 -c 'import tensorrt; print(tensorrt.__version__)'` in the image). A plan
@@ -114,6 +139,10 @@ class Settings:
             kserve_namespace=e.get("KOMPILE_KSERVE_NAMESPACE", d.kserve_namespace),
             resync_seconds=float(e.get("KOMPILE_RESYNC_SECONDS", d.resync_seconds)),
             call_timeout_seconds=float(e.get("KOMPILE_CALL_TIMEOUT_SECONDS", d.call_timeout_seconds)),
+            workers=max(1, int(e.get("KOMPILE_WORKERS", d.workers))),
+            lease_name=e.get("KOMPILE_LEASE_NAME", d.lease_name),
+            lease_namespace=e.get("KOMPILE_LEASE_NAMESPACE") or _own_namespace(e),
+            lease_duration_seconds=float(e.get("KOMPILE_LEASE_DURATION_SECONDS", d.lease_duration_seconds)),
             gpu_tensorrt_version=e.get("KOMPILE_GPU_TENSORRT_VERSION") or None,
             serving_tensorrt_version=e.get("KOMPILE_SERVING_TENSORRT_VERSION") or None,
             triton_runtime_version=e.get("KOMPILE_TRITON_RUNTIME_VERSION") or None,

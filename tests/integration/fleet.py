@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -34,7 +34,7 @@ LOCAL_LABELS = {
 }
 
 
-def _gpu(product: str, major: str, minor: str) -> dict[str, str]:
+def gpu_labels(product: str, major: str, minor: str) -> dict[str, str]:
     return {
         "kubernetes.io/arch": "amd64",
         "kubernetes.io/os": "linux",
@@ -46,9 +46,9 @@ def _gpu(product: str, major: str, minor: str) -> dict[str, str]:
 
 
 FLEET: dict[str, dict[str, str]] = {
-    "h100-0": _gpu("NVIDIA-H100-80GB-HBM3", "9", "0"),
-    "h100-1": _gpu("NVIDIA-H100-80GB-HBM3", "9", "0"),
-    "l4-0": _gpu("NVIDIA-L4", "8", "9"),
+    "h100-0": gpu_labels("NVIDIA-H100-80GB-HBM3", "9", "0"),
+    "h100-1": gpu_labels("NVIDIA-H100-80GB-HBM3", "9", "0"),
+    "l4-0": gpu_labels("NVIDIA-L4", "8", "9"),
     **{f"cpu-{i}": {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"} for i in range(3)},
     **{f"edge-{i}": {"kubernetes.io/arch": "arm64", "kubernetes.io/os": "linux"} for i in range(2)},
 }
@@ -225,17 +225,28 @@ def publishing_decide(endpoint: str, credentials: dict[str, str], p50: float = 1
     return decide
 
 
-class KwokReporter:
-    """Annotates each compile pod bound to a KWOK node with the result the test decided."""
+def succeed_and_publish(pod: dict[str, Any]) -> tuple[int, str]:
+    """A Decide: the compile succeeds with a plausible validated result, published at the content
+    address as a real compile container would (so a later reconcile can hit the cache)."""
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+    t = json.loads(env["KOMPILE_TARGET"])
+    compact = success_result(
+        t["name"], t["backend"], t.get("precision", "fp32"), artifact_uri=env["KOMPILE_ARTIFACT_PREFIX"]
+    )
+    publish_entry(env["KOMPILE_ARTIFACT_PREFIX"], compact)
+    return 0, compact
 
-    def __init__(self, kubeconfig: Path, namespace: str, decide: Decide) -> None:
-        self.core = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
-        self.namespace = namespace
-        self.decide = decide
+
+class WatchThread:
+    """Calls see(obj) for every object a watch of `list_fn(*args)` streams, from a thread, until
+    stopped; the watch is restarted every few seconds so stop() is quick."""
+
+    def __init__(self, list_fn: Callable[..., Any], *args: Any) -> None:
+        self.list_fn, self.args = list_fn, args
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="kwok-reporter")
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=type(self).__name__)
 
-    def start(self) -> KwokReporter:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -243,12 +254,15 @@ class KwokReporter:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def see(self, obj: Any) -> None:
+        raise NotImplementedError
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             w = watch.Watch()
             try:
-                for ev in w.stream(self.core.list_namespaced_pod, self.namespace, timeout_seconds=3):
-                    self._maybe_annotate(ev["object"])
+                for ev in w.stream(self.list_fn, *self.args, timeout_seconds=3):
+                    self.see(ev["object"])
                     if self._stop.is_set():
                         break
             except ApiException:
@@ -256,7 +270,17 @@ class KwokReporter:
             finally:
                 w.stop()
 
-    def _maybe_annotate(self, pod: Any) -> None:
+
+class KwokReporter(WatchThread):
+    """Annotates each compile pod bound to a KWOK node with the result the test decided."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, decide: Decide) -> None:
+        self.core = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+        self.namespace = namespace
+        self.decide = decide
+        super().__init__(self.core.list_namespaced_pod, namespace)
+
+    def see(self, pod: Any) -> None:
         node = pod.spec.node_name
         if not node or node == LOCAL_NODE or EXIT_CODE in (pod.metadata.annotations or {}):
             return
@@ -283,6 +307,8 @@ class OperatorProcess:
         self.env = {
             # The tests' MLflow and S3 servers on loopback are the endpoints CompiledModels may name.
             "KOMPILE_ALLOWED_ENDPOINTS": "127.0.0.1,localhost",
+            # One Lease per test namespace: the session's operators of other modules never wait on it.
+            "KOMPILE_LEASE_NAMESPACE": namespace,
             **(extra_env or {}),
             **os.environ,
             "KUBECONFIG": str(kubeconfig),

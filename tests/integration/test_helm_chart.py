@@ -90,10 +90,13 @@ def test_schema_rejects_bad_values() -> None:
     assert result.returncode != 0 and "watchNamespaces" in result.stderr, result.stderr
 
 
-def test_deployment_is_single_hardened_and_configured() -> None:
+def test_deployment_is_hardened_and_configured() -> None:
     (dep,) = of_kind(render(NAMESPACED_VALUES), "Deployment")
     spec = dep["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Standbys wait on the Lease, so replicas may be more than one and updates may roll.
+    assert spec["replicas"] == 1 and "strategy" not in spec
+    (scaled,) = of_kind(render({**NAMESPACED_VALUES, "replicas": 2}), "Deployment")
+    assert scaled["spec"]["replicas"] == 2
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65532
@@ -110,6 +113,9 @@ def test_deployment_is_single_hardened_and_configured() -> None:
     assert env["KOMPILE_NAMESPACES"] == WATCH_NS and env["KOMPILE_STORE_SECRET"] == STORE_SECRET
     assert env["KOMPILE_HEALTH_PORT"] == "8080" and env["KOMPILE_METRICS_PORT"] == "9090"
     assert c["resources"]["limits"]["memory"]
+    assert env["KOMPILE_LEASE_NAME"] == RELEASE
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
+    assert refs == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
 
 
 def test_namespaced_mode_grants_nothing_namespaced_cluster_wide() -> None:
@@ -118,6 +124,7 @@ def test_namespaced_mode_grants_nothing_namespaced_cluster_wide() -> None:
     assert {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles} == {
         (WATCH_NS, RELEASE),
         ("kserve", f"{RELEASE}-kserve-config"),
+        (SYSTEM_NS, f"{RELEASE}-leader"),
     }
     (cluster,) = of_kind(docs, "ClusterRole")  # cluster-scoped reads only
     assert {(g, res) for r in cluster["rules"] for g in r["apiGroups"] for res in r["resources"]} == {
@@ -206,7 +213,12 @@ def installed(
         literals = ["--from-literal=AWS_ACCESS_KEY_ID=test", "--from-literal=AWS_SECRET_ACCESS_KEY=test"]
         control_plane.kubectl("create", "secret", "generic", STORE_SECRET, "-n", WATCH_NS, *literals)
     store = (work / "store").as_uri()
-    env = {"KOMPILE_STORE_SECRET": STORE_SECRET}
+    # Outside a pod: the Lease namespace is the release's, as the pod would read it.
+    env = {
+        "KOMPILE_STORE_SECRET": STORE_SECRET,
+        "KOMPILE_LEASE_NAME": RELEASE,
+        "KOMPILE_LEASE_NAMESPACE": SYSTEM_NS,
+    }
     op = OperatorProcess(kubeconfig, WATCH_NS, store, work / "operator.log", extra_env=env).start()
     try:
         yield {"plane": control_plane, "kubeconfig": kubeconfig, "log": work / "operator.log", "store": store}
@@ -274,6 +286,10 @@ def test_operator_with_chart_credentials_reaches_ready(installed: dict[str, Any]
         ("list", "pods", WATCH_NS, True),
         ("patch", "compiledmodels.kompile.dev/status", WATCH_NS, True),
         ("list", "nodes", None, True),
+        ("watch", "nodes", None, True),  # the fleet index
+        ("get", f"leases.coordination.k8s.io/{RELEASE}", SYSTEM_NS, True),
+        ("update", f"leases.coordination.k8s.io/{RELEASE}", SYSTEM_NS, True),
+        ("create", "leases.coordination.k8s.io", SYSTEM_NS, True),
         ("watch", "namespaces", None, True),
         ("get", "configmaps/inferenceservice-config", "kserve", True),
         ("get", f"secrets/{STORE_SECRET}", WATCH_NS, True),
@@ -307,7 +323,9 @@ def test_operator_with_chart_credentials_reaches_ready(installed: dict[str, Any]
         ("bind", "clusterroles.rbac.authorization.k8s.io", None, False),
         # Cluster-scoped objects are read, never changed; other ConfigMaps are not read.
         ("patch", "nodes", None, False),
-        ("watch", "nodes", None, False),  # listed at each reconcile, never watched
+        ("update", "leases.coordination.k8s.io/other", SYSTEM_NS, False),
+        ("create", "leases.coordination.k8s.io", WATCH_NS, False),
+        ("delete", f"leases.coordination.k8s.io/{RELEASE}", SYSTEM_NS, False),
         ("delete", "namespaces", None, False),
         ("patch", "customresourcedefinitions.apiextensions.k8s.io", None, False),
         ("list", "configmaps", "kserve", False),

@@ -25,9 +25,8 @@ from tests.integration.fleet import (
     KwokReporter,
     OperatorProcess,
     kwok_node,
-    publish_entry,
     small_cnn_manifest,
-    success_result,
+    succeed_and_publish,
     wait_for,
 )
 from tests.integration.kubelet_standin import KubeletStandIn
@@ -47,14 +46,7 @@ def decide(pod: dict[str, Any]) -> tuple[int, str]:
     target = labels.get("kompile.dev/target", "")
     if (labels.get("kompile.dev/compiledmodel", ""), target) in FAIL_TARGETS:
         return 1, "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: out of memory"
-    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
-    t = json.loads(env["KOMPILE_TARGET"])
-    compact = success_result(
-        t["name"], t["backend"], t.get("precision", "fp32"), artifact_uri=env["KOMPILE_ARTIFACT_PREFIX"]
-    )
-    # As a real compile container would, publish result.json at the content address (the cache).
-    publish_entry(env["KOMPILE_ARTIFACT_PREFIX"], compact)
-    return 0, compact
+    return succeed_and_publish(pod)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kompile.operator.fleet import discover
 from kompile.operator.reconcile import reconcile
 from kompile.operator.settings import Settings
 
@@ -50,7 +51,7 @@ def _doc(options: dict[str, str]) -> dict[str, Any]:
 def test_bad_option_is_an_invalid_spec_condition_before_any_job(options: dict[str, str], phrase: str) -> None:
     kube = StatusOnlyKube()
     events: list[tuple[str, str, str]] = []
-    outcome = reconcile(_doc(options), kube, Settings(), lambda *e: events.append(e))  # type: ignore[arg-type]
+    outcome = reconcile(_doc(options), kube, Settings(), lambda *e: events.append(e), classes=[])  # type: ignore[arg-type]
     assert outcome.done
     (patch,) = kube.patches
     (ready,) = [c for c in patch["conditions"] if c["type"] == "Ready"]
@@ -197,7 +198,9 @@ def test_more_targets_than_status_holds_is_refused_before_any_job() -> None:
     doc["spec"]["fleet"] = {"enabled": True, "precisions": ["fp32", "fp16", "bf16", "int8", "auto"]}
     kube = FleetKube(classes=13)
     events: list[tuple[str, str, str]] = []
-    outcome = reconcile(doc, kube, Settings(), lambda *e: events.append(e))  # type: ignore[arg-type]
+    outcome = reconcile(
+        doc, kube, Settings(), lambda *e: events.append(e), classes=discover(kube.list_nodes())
+    )  # type: ignore[arg-type]
     assert outcome.done
     (patch,) = kube.patches
     (ready,) = [c for c in patch["conditions"] if c["type"] == "Ready"]
@@ -208,7 +211,7 @@ def test_more_targets_than_status_holds_is_refused_before_any_job() -> None:
     fine = FleetKube(classes=12)
     fine.create_job = lambda *a: True  # type: ignore[method-assign]
     fine.secret_data = lambda *a: {}  # type: ignore[method-assign]
-    reconcile(doc, fine, Settings(), lambda *e: None)  # type: ignore[arg-type]
+    reconcile(doc, fine, Settings(), lambda *e: None, classes=discover(fine.list_nodes()))  # type: ignore[arg-type]
     assert len(fine.patches[-1]["targets"]) == 60
 
 
@@ -223,7 +226,7 @@ def test_an_oversized_spec_is_an_invalid_spec_condition_before_any_job() -> None
         for i in range(32)
     ]
     kube = StatusOnlyKube()
-    outcome = reconcile(doc, kube, Settings(), lambda *e: None)  # type: ignore[arg-type]
+    outcome = reconcile(doc, kube, Settings(), lambda *e: None, classes=[])  # type: ignore[arg-type]
     assert outcome.done
     (patch,) = kube.patches
     (ready,) = [c for c in patch["conditions"] if c["type"] == "Ready"]
@@ -250,7 +253,7 @@ def test_a_job_the_api_server_refuses_fails_its_target_with_the_reason() -> None
     doc = _doc({})
     doc["spec"]["targets"][0]["hardware"] = {"resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}}
     kube = RefusingKube(classes=0)
-    outcome = reconcile(doc, kube, Settings(), lambda *e: None)  # type: ignore[arg-type]
+    outcome = reconcile(doc, kube, Settings(), lambda *e: None, classes=[])  # type: ignore[arg-type]
     (target,) = kube.patches[-1]["targets"]
     assert outcome.done and target["phase"] == "Failed" and target["reason"] == "JobRefused"
     assert "must be less than or equal to cpu limit" in target["message"]

@@ -50,7 +50,7 @@ def test_a_foreign_endpoint_is_refused_before_anything_is_called(
 ) -> None:
     kube = StatusOnlyKube()  # any call beyond the status patch fails the test
     events: list[tuple[str, str, str]] = []
-    outcome = reconcile(_doc(**registry), kube, OWN, lambda *e: events.append(e))  # type: ignore[arg-type]
+    outcome = reconcile(_doc(**registry), kube, OWN, lambda *e: events.append(e), classes=[])  # type: ignore[arg-type]
     assert outcome.done
     (patch,) = kube.patches
     (ready,) = [c for c in patch["conditions"] if c["type"] == "Ready"]

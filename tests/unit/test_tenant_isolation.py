@@ -69,18 +69,18 @@ def _validated_entry(prefix: str) -> None:
 def test_a_cache_entry_of_one_namespace_is_never_a_hit_in_another(tmp_path: Path) -> None:
     settings = Settings(artifact_store=(tmp_path / "store").as_uri())
     team_a = RecordingKube()
-    reconcile(doc("team-a", "u-a"), team_a, settings, lambda *e: None)  # type: ignore[arg-type]
+    reconcile(doc("team-a", "u-a"), team_a, settings, lambda *e: None, classes=[])  # type: ignore[arg-type]
     (job,) = team_a.jobs
     prefix = job["metadata"]["annotations"][ANNOTATION_PREFIX]
     assert "/cache/team-a/" in prefix
     _validated_entry(prefix)
 
     again = RecordingKube()
-    reconcile(doc("team-a", "u-a2"), again, settings, lambda *e: None)  # type: ignore[arg-type]
+    reconcile(doc("team-a", "u-a2"), again, settings, lambda *e: None, classes=[])  # type: ignore[arg-type]
     assert not again.jobs and again.patches[-1]["targets"][0]["reason"] == "CacheHit"
 
     team_b = RecordingKube()
-    reconcile(doc("team-b", "u-b"), team_b, settings, lambda *e: None)  # type: ignore[arg-type]
+    reconcile(doc("team-b", "u-b"), team_b, settings, lambda *e: None, classes=[])  # type: ignore[arg-type]
     (b_job,) = team_b.jobs  # compiled again, in its own folder
     assert "/cache/team-b/" in b_job["metadata"]["annotations"][ANNOTATION_PREFIX]
     assert team_b.patches[-1]["targets"][0].get("reason") != "CacheHit"

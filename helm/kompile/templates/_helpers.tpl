@@ -44,8 +44,8 @@ ClusterRole when it watches all. Each verb is one the code calls (kompile/operat
 needs (watching, its progress annotations, events); nothing else.
 */}}
 {{- define "kompile.namespacedRules" -}}
-# Kopf lists and watches CompiledModels and patches its progress annotations on them; reconcile
-# reads each one fresh before acting.
+# Kopf lists and watches CompiledModels (and patches away the finalizer an operator before 0.2 put
+# on them); reconcile reads each one fresh before acting.
 - apiGroups: ["kompile.dev"]
   resources: ["compiledmodels"]
   verbs: ["get", "list", "watch", "patch"]

@@ -1,0 +1,148 @@
+"""A work queue in the manner of client-go's: Kopf handlers only add keys; a few worker threads
+reconcile them.
+
+- A key waits in the queue at most once, however often it is added (dedup).
+- A key is processed by one worker at a time; a key added while it is processed is queued again
+  when that worker is done, so the change that came in meanwhile is seen (one re-run, not many).
+- add_after(key, delay) adds it later; of several delays for one key the earliest wins.
+- retry(key) adds it after a per-key exponential backoff; forget(key) resets the backoff.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+log = logging.getLogger("kompile.operator")
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, base_delay: float = 1.0, max_delay: float = 300.0) -> None:
+        self._queue: deque[K] = deque()
+        self._dirty: set[K] = set()  # waiting in _queue, or to be queued again after processing
+        self._processing: set[K] = set()
+        self._waiting: list[tuple[float, int, K]] = []  # (due, tie-breaker, key), a heap
+        self._due: dict[K, float] = {}  # earliest due time of each waiting key
+        self._failures: dict[K, int] = {}
+        self._seq = 0
+        self._cond = threading.Condition()
+        self._shutdown = False
+        self.base_delay, self.max_delay = base_delay, max_delay
+
+    def add(self, key: K) -> None:
+        with self._cond:
+            self._add_locked(key)
+
+    def _add_locked(self, key: K) -> None:
+        if self._shutdown or key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.append(key)
+            self._cond.notify()
+
+    def add_after(self, key: K, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        due = time.monotonic() + delay
+        with self._cond:
+            if self._shutdown or self._due.get(key, float("inf")) <= due:
+                return
+            self._due[key] = due
+            self._seq += 1
+            heapq.heappush(self._waiting, (due, self._seq, key))
+            self._cond.notify()
+
+    def retry(self, key: K) -> float:
+        """Add the key after its backoff (base_delay doubling per failure, at most max_delay)."""
+        with self._cond:
+            n = self._failures.get(key, 0)
+            self._failures[key] = n + 1
+        delay: float = min(self.base_delay * 2.0**n, self.max_delay)
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: K) -> None:
+        """Reset the key's backoff (it succeeded)."""
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def discard(self, key: K) -> None:
+        """Drop every trace of the key but a run in progress (its object is gone)."""
+        with self._cond:
+            self._failures.pop(key, None)
+            self._due.pop(key, None)  # its heap entry is skipped when it comes due
+            if key in self._dirty and key not in self._processing:
+                self._queue.remove(key)
+            self._dirty.discard(key)
+
+    def get(self) -> K | None:
+        """The next key to process (marked as processing), or None once shut down."""
+        with self._cond:
+            while True:
+                if self._shutdown:
+                    return None
+                self._promote_due()
+                if self._queue:
+                    key = self._queue.popleft()
+                    self._dirty.discard(key)
+                    self._processing.add(key)
+                    return key
+                timeout = self._waiting[0][0] - time.monotonic() if self._waiting else None
+                self._cond.wait(timeout)
+
+    def _promote_due(self) -> None:
+        now = time.monotonic()
+        while self._waiting and self._waiting[0][0] <= now:
+            due, _, key = heapq.heappop(self._waiting)
+            if self._due.get(key) == due:  # not superseded by an earlier add_after, nor discarded
+                del self._due[key]
+                self._add_locked(key)
+
+    def done(self, key: K) -> None:
+        with self._cond:
+            self._processing.discard(key)
+            if key in self._dirty:
+                self._queue.append(key)
+                self._cond.notify()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutdown = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        """Keys waiting to be processed now (not the delayed ones)."""
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def delayed(self) -> int:
+        with self._cond:
+            return len(self._due)
+
+
+def start_workers(queue: WorkQueue[K], process: Callable[[K], None], count: int) -> list[threading.Thread]:
+    """`count` daemon threads that take keys from the queue and call process(key) until shutdown.
+    process owns its errors (retry or forget); one that escapes is logged and the key retried."""
+
+    def loop() -> None:
+        while (key := queue.get()) is not None:
+            try:
+                process(key)
+            except Exception:  # a worker must outlive any one key's failure
+                log.exception("processing %s failed; retrying in %.0f s", key, queue.retry(key))
+            finally:
+                queue.done(key)
+
+    threads = [threading.Thread(target=loop, name=f"kompile-worker-{i}", daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads

@@ -1,0 +1,108 @@
+"""The operator's work queue: dedup, one run per key at a time, one re-run for an add during a run,
+delayed adds (earliest wins), backoff, discard."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kompile.operator.workqueue import WorkQueue, start_workers
+
+
+def test_a_key_added_twice_waits_once() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    q.add("b")
+    q.add("a")
+    assert len(q) == 2
+    assert q.get() == "a" and q.get() == "b"
+
+
+def test_a_key_added_while_processing_runs_again_once_after() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    assert q.get() == "a"
+    q.add("a")
+    q.add("a")
+    assert len(q) == 0  # not handed to a second worker while the first runs it
+    q.done("a")
+    assert len(q) == 1 and q.get() == "a"
+    q.done("a")
+    assert len(q) == 0
+
+
+def test_delayed_adds_come_due_and_the_earliest_wins() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add_after("late", 30)
+    q.add_after("soon", 0.2)
+    q.add_after("late", 0.1)  # an earlier delay for the same key replaces the later one
+    began = time.monotonic()
+    assert q.get() == "late" and q.get() == "soon"
+    assert 0.1 <= time.monotonic() - began < 5
+    assert q.delayed == 0
+
+
+def test_retry_backs_off_and_forget_resets() -> None:
+    q: WorkQueue[str] = WorkQueue(base_delay=1, max_delay=4)
+    assert [q.retry("a") for _ in range(4)] == [1, 2, 4, 4]
+    q.forget("a")
+    assert q.retry("a") == 1
+
+
+def test_discard_drops_a_queued_and_a_delayed_key() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    q.add_after("b", 0.05)
+    q.discard("a")
+    q.discard("b")
+    time.sleep(0.1)
+    q.add("c")
+    assert q.get() == "c" and len(q) == 0 and q.delayed == 0
+
+
+def test_workers_never_run_one_key_concurrently_and_see_the_last_add() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    running: set[str] = set()
+    overlap: list[str] = []
+    runs: dict[str, int] = {}
+    guard = threading.Lock()
+
+    def process(key: str) -> None:
+        with guard:
+            if key in running:
+                overlap.append(key)
+            running.add(key)
+            runs[key] = runs.get(key, 0) + 1
+        time.sleep(0.01)
+        with guard:
+            running.discard(key)
+
+    start_workers(q, process, 4)
+    for _ in range(50):
+        for key in ("a", "b", "c"):
+            q.add(key)
+        time.sleep(0.002)
+    deadline = time.monotonic() + 5
+    while (len(q) or any(running)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    q.shutdown()
+    assert not overlap
+    assert set(runs) == {"a", "b", "c"} and all(n < 50 for n in runs.values()), runs
+
+
+def test_a_failing_key_is_retried_and_the_worker_lives_on() -> None:
+    q: WorkQueue[str] = WorkQueue(base_delay=0.05)
+    seen: list[str] = []
+
+    def process(key: str) -> None:
+        seen.append(key)
+        if len(seen) == 1:
+            raise RuntimeError("first try fails")
+
+    start_workers(q, process, 1)
+    q.add("a")
+    deadline = time.monotonic() + 5
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    q.shutdown()
+    assert seen == ["a", "a"]
