@@ -123,7 +123,7 @@ class Controller:
             if owner.get("kind") == "CompiledModel" and owner.get("name"):
                 # A short delay gathers the ends of several Jobs (and each Job's two conditions,
                 # SuccessCriteriaMet then Complete) into one reconcile.
-                self.queue.add_after((namespace, owner["name"]), JOB_COALESCE_SECONDS)
+                self.queue.add_after((namespace, owner["name"]), JOB_COALESCE_SECONDS, urgent=True)
 
     def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         if event_type == "DELETED":

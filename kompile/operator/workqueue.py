@@ -6,6 +6,8 @@ reconcile them.
   when that worker is done, so the change that came in meanwhile is seen (one re-run, not many).
 - add_after(key, delay) adds it later; of several delays for one key the earliest wins.
 - retry(key) adds it after a per-key exponential backoff; forget(key) resets the backoff.
+- An urgent add (a Job's outcome, which a user waits to see in status) goes ahead of the ordinary
+  ones (first looks, requeues), so a backlog of new CompiledModels never delays a finished Job.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ log = logging.getLogger("kompile.operator")
 class WorkQueue(Generic[K]):
     def __init__(self, base_delay: float = 1.0, max_delay: float = 300.0) -> None:
         self._queue: deque[K] = deque()
+        self._urgent: deque[K] = deque()  # taken before _queue
+        self._urgent_keys: set[K] = set()  # urgent adds not yet in _urgent (delayed, or in process)
         self._dirty: set[K] = set()  # waiting in _queue, or to be queued again after processing
         self._processing: set[K] = set()
         self._waiting: list[tuple[float, int, K]] = []  # (due, tie-breaker, key), a heap
@@ -35,24 +39,36 @@ class WorkQueue(Generic[K]):
         self._shutdown = False
         self.base_delay, self.max_delay = base_delay, max_delay
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, urgent: bool = False) -> None:
         with self._cond:
-            self._add_locked(key)
+            self._add_locked(key, urgent)
 
-    def _add_locked(self, key: K) -> None:
-        if self._shutdown or key in self._dirty:
+    def _add_locked(self, key: K, urgent: bool = False) -> None:
+        if self._shutdown:
+            return
+        if key in self._dirty:
+            if urgent and key in self._processing:
+                self._urgent_keys.add(key)  # its re-run after this one goes ahead
+            elif urgent and key not in self._urgent:
+                self._queue.remove(key)
+                self._urgent.append(key)
             return
         self._dirty.add(key)
-        if key not in self._processing:
-            self._queue.append(key)
-            self._cond.notify()
+        if key in self._processing:
+            if urgent:
+                self._urgent_keys.add(key)
+            return
+        (self._urgent if urgent else self._queue).append(key)
+        self._cond.notify()
 
-    def add_after(self, key: K, delay: float) -> None:
+    def add_after(self, key: K, delay: float, urgent: bool = False) -> None:
         if delay <= 0:
-            self.add(key)
+            self.add(key, urgent)
             return
         due = time.monotonic() + delay
         with self._cond:
+            if urgent:
+                self._urgent_keys.add(key)
             if self._shutdown or self._due.get(key, float("inf")) <= due:
                 return
             self._due[key] = due
@@ -79,8 +95,9 @@ class WorkQueue(Generic[K]):
         with self._cond:
             self._failures.pop(key, None)
             self._due.pop(key, None)  # its heap entry is skipped when it comes due
+            self._urgent_keys.discard(key)
             if key in self._dirty and key not in self._processing:
-                self._queue.remove(key)
+                (self._urgent if key in self._urgent else self._queue).remove(key)
             self._dirty.discard(key)
 
     def get(self) -> K | None:
@@ -90,8 +107,8 @@ class WorkQueue(Generic[K]):
                 if self._shutdown:
                     return None
                 self._promote_due()
-                if self._queue:
-                    key = self._queue.popleft()
+                if self._urgent or self._queue:
+                    key = (self._urgent or self._queue).popleft()
                     self._dirty.discard(key)
                     self._processing.add(key)
                     return key
@@ -104,13 +121,19 @@ class WorkQueue(Generic[K]):
             due, _, key = heapq.heappop(self._waiting)
             if self._due.get(key) == due:  # not superseded by an earlier add_after, nor discarded
                 del self._due[key]
-                self._add_locked(key)
+                urgent = key in self._urgent_keys and key not in self._processing
+                if urgent:
+                    self._urgent_keys.discard(key)
+                self._add_locked(key, urgent)
 
     def done(self, key: K) -> None:
         with self._cond:
             self._processing.discard(key)
             if key in self._dirty:
-                self._queue.append(key)
+                urgent = key in self._urgent_keys and key not in self._due
+                if urgent:
+                    self._urgent_keys.discard(key)
+                (self._urgent if urgent else self._queue).append(key)
                 self._cond.notify()
 
     def shutdown(self) -> None:
@@ -121,7 +144,7 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         """Keys waiting to be processed now (not the delayed ones)."""
         with self._cond:
-            return len(self._queue)
+            return len(self._queue) + len(self._urgent)
 
     @property
     def delayed(self) -> int:

@@ -1,5 +1,5 @@
 """The operator's work queue: dedup, one run per key at a time, one re-run for an add during a run,
-delayed adds (earliest wins), backoff, discard."""
+delayed adds (earliest wins), backoff, discard, the urgent lane."""
 
 from __future__ import annotations
 
@@ -106,3 +106,25 @@ def test_a_failing_key_is_retried_and_the_worker_lives_on() -> None:
         time.sleep(0.01)
     q.shutdown()
     assert seen == ["a", "a"]
+
+
+def test_an_urgent_key_goes_ahead_of_the_backlog() -> None:
+    """A Job's outcome (urgent) is reconciled before the first looks that queued up before it."""
+    q: WorkQueue[str] = WorkQueue()
+    for key in ("new-1", "new-2", "new-3"):
+        q.add(key)
+    q.add("finished", urgent=True)
+    q.add("new-2", urgent=True)  # already queued: moves up, still once
+    assert [q.get() for _ in range(4)] == ["finished", "new-2", "new-1", "new-3"]
+    assert len(q) == 0
+
+
+def test_an_urgent_delayed_add_and_an_urgent_add_during_processing_stay_urgent() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("backlog")
+    q.add_after("job-ended", 0.05, urgent=True)
+    time.sleep(0.1)
+    assert q.get() == "job-ended"  # came due ahead of the older ordinary key
+    q.add("job-ended", urgent=True)  # while it is processed: its re-run goes first too
+    q.done("job-ended")
+    assert q.get() == "job-ended" and q.get() == "backlog"
