@@ -308,7 +308,7 @@ class OperatorProcess:
             # The tests' MLflow and S3 servers on loopback are the endpoints CompiledModels may name.
             "KOMPILE_ALLOWED_ENDPOINTS": "127.0.0.1,localhost",
             # One Lease per test namespace: the session's operators of other modules never wait on it.
-            "KOMPILE_LEASE_NAMESPACE": namespace,
+            "KOMPILE_LEASE_NAMESPACE": namespace.split(",")[0],  # one of the watched ones
             **(extra_env or {}),
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
