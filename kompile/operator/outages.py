@@ -95,7 +95,7 @@ BREAKER = Breaker()
 def is_outage(err: BaseException) -> bool:
     """A transport failure, a timeout, a 5xx or a 429 (worth waiting out), as opposed to a
     refusal that says what is wrong with the request."""
-    if isinstance(err, OSError | TimeoutError):
+    if isinstance(err, OSError):  # TimeoutError and ConnectionError among them
         return True
     text = str(err)
     code = getattr(err, "get_http_status_code", lambda: None)()

@@ -209,15 +209,19 @@ def tenant_with_store(core: Any, namespace: str, s3: Any, bucket: str) -> dict[s
     return creds
 
 
-def publishing_decide(endpoint: str, credentials: dict[str, str], p50: float = 1.0) -> Decide:
-    """Every KWOK compile pod succeeds and publishes its entry straight to S3 at `endpoint`."""
+def publishing_decide(
+    endpoint: str, credentials: dict[str, str], p50: float | Callable[[str], float] = 1.0
+) -> Decide:
+    """Every KWOK compile pod succeeds and publishes its entry straight to S3 at `endpoint`; p50 is
+    a latency, or a function of the artifact prefix giving one."""
 
     def decide(pod: dict[str, Any]) -> tuple[int, str]:
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
         t = json.loads(env["KOMPILE_TARGET"])
         prefix = env["KOMPILE_ARTIFACT_PREFIX"]
+        latency = p50(prefix) if callable(p50) else p50
         compact = success_result(
-            t["name"], t["backend"], t.get("precision", "fp32"), p50=p50, artifact_uri=prefix
+            t["name"], t["backend"], t.get("precision", "fp32"), p50=latency, artifact_uri=prefix
         )
         publish_entry(prefix, compact, endpoint, credentials)
         return 0, compact

@@ -36,9 +36,8 @@ from tests.integration.fleet import (
     cpu_target,
     gpu_target,
     kwok_node,
-    publish_entry,
+    publishing_decide,
     small_cnn_manifest,
-    success_result,
     tenant_with_store,
     wait_for,
 )
@@ -124,17 +123,10 @@ def chaos(
     core, custom, batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
     creds = tenant_with_store(core, NS, s3_server, BUCKET)
 
-    def decide(pod: dict[str, Any]) -> tuple[int, str]:
-        # Latency varies by (model, target), so each class's winner is a real choice.
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
-        t = json.loads(env["KOMPILE_TARGET"])
-        prefix = env["KOMPILE_ARTIFACT_PREFIX"]
-        p50 = 0.5 + random.Random(prefix).random()
-        compact = success_result(
-            t["name"], t["backend"], t.get("precision", "fp32"), p50=p50, artifact_uri=prefix
-        )
-        publish_entry(prefix, compact, s3_server.endpoint, creds)
-        return 0, compact
+    # Latency varies by (model, target), so each class's winner is a real choice.
+    decide = publishing_decide(
+        s3_server.endpoint, creds, p50=lambda prefix: 0.5 + random.Random(prefix).random()
+    )
 
     # The stand-in kubelet's node would run real compiles: keep this module's pods off it.
     core.patch_node(LOCAL_NODE, {"spec": {"taints": [CHAOS_TAINT]}})
