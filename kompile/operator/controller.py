@@ -5,7 +5,8 @@ never touch the API server. What each costs:
 - a CompiledModel listed at start, created, or given a new spec: one reconcile;
 - its own status patches: nothing (they do not change the generation);
 - a compile Job's outcome (or deletion): one reconcile of its owner a second later (the ends of
-  its other Jobs meanwhile join it), deduplicated while queued;
+  its other Jobs meanwhile join it), deduplicated while queued, ahead of other work; when it
+  settles the last target, the MLflow record and rollout follow in an ordinary pass after it;
   its other changes (a pod placed, started) wait for the in-flight requeue;
 - a change of the fleet's hardware classes: one reconcile of every known CompiledModel;
 - work in flight after a reconcile: one more after KOMPILE_RESYNC_SECONDS (or a slow safety look
@@ -164,7 +165,14 @@ class Controller:
             def event(kind: str, reason: str, message: str) -> None:
                 self._events.put((doc, kind, reason, message))
 
-            outcome = reconcile(doc, kube, self.settings, event, classes=self.fleet.classes())
+            outcome = reconcile(
+                doc,
+                kube,
+                self.settings,
+                event,
+                classes=self.fleet.classes(),
+                quick=self.queue.taken_urgent(key),
+            )
         except (ApiException, HTTPError) as err:
             metrics.RETRIES.inc()
             why = f"{err.status} {err.reason}" if isinstance(err, ApiException) else str(err)

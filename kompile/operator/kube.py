@@ -41,6 +41,17 @@ def load_config() -> None:
         config.load_kube_config()
 
 
+def _raw(**kwargs: Any) -> dict[str, Any]:
+    """Arguments for a list call answered as the API server's JSON: the client's typed models cost
+    about ten times the CPU to build and turn back into dicts, on the reconcile's hot path."""
+    return {**kwargs, "_preload_content": False, "_request_timeout": REQUEST_TIMEOUT}
+
+
+def _items(response: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    return items
+
+
 class Kube:
     """The handful of API calls the operator makes."""
 
@@ -54,10 +65,7 @@ class Kube:
         self.api = api
 
     def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        items = self.batch.list_namespaced_job(
-            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
-        ).items
-        return [self.api.sanitize_for_serialization(j) for j in items]
+        return _items(self.batch.list_namespaced_job(namespace, **_raw(label_selector=selector)))
 
     def create_job(self, namespace: str, job: dict[str, Any]) -> bool:
         """Create; False when it already exists (409): the deterministic name makes that safe."""
@@ -82,10 +90,7 @@ class Kube:
         return self.list_pods(namespace, f"{JOB_NAME_LABEL}={job}")
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        items = self.core.list_namespaced_pod(
-            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
-        ).items
-        return [self.api.sanitize_for_serialization(p) for p in items]
+        return _items(self.core.list_namespaced_pod(namespace, **_raw(label_selector=selector)))
 
     def post_event(self, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event about obj (what `kubectl describe` shows); reconcile workers post their

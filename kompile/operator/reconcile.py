@@ -277,8 +277,13 @@ def reconcile(
     event: EventFn,
     *,
     classes: Sequence[HardwareClass],
+    quick: bool = False,
 ) -> Outcome:
-    """One pass over a CompiledModel read just now; `classes` is the fleet as the Node watch shows it."""
+    """One pass over a CompiledModel read just now; `classes` is the fleet as the Node watch shows it.
+
+    quick: the pass is for a Job's outcome. When it settles the last target, the status says so at
+    once and the MLflow record and rollout (seconds each on a busy registry) come in the next pass,
+    asked for with requeue_after=0: a burst of Job ends then waits on API calls only."""
     meta = doc.get("metadata") or {}
     namespace, name = meta.get("namespace", "default"), meta.get("name", "")
     generation = int(meta.get("generation") or 0)
@@ -345,7 +350,11 @@ def reconcile(
             generation,
         )
     settled = bool(resolved) and all(t.phase in TERMINAL for t in targets)
-    if settled:
+    newly = [
+        t for t in targets if t.phase in TERMINAL and (t.name not in old or old[t.name].phase not in TERMINAL)
+    ]
+    deferred = settled and quick and bool(newly) and _after_targets(cm, status, settings)
+    if settled and not deferred:
         register_generation(cm, status, settings, event)
         if cm.spec.rollout and cm.spec.rollout.enabled:
             reconcile_rollouts(cm, status, resolved, kube, settings, event)
@@ -353,6 +362,8 @@ def reconcile(
             _alias_winners(cm, status, settings, event, resolved)
     settle_registered(cm, status, settings)
     _not_ready_while_unregistered(status, generation)
+    if deferred:
+        _registering(cm, status, settings, generation)
     _store_reachable(status, generation, event)
     ready = next(c for c in status.conditions if c.type == "Ready")
     if was is not None and ready.status == was.status:
@@ -367,7 +378,8 @@ def reconcile(
     crash_point("before-status-patch")
     patched = _write_status(kube, doc, namespace, name, status)
     done = all(t.phase in TERMINAL for t in targets)
-    return Outcome(status, done=done, requeue_after=requeue_after(cm, status, settings), patched=patched)
+    again = 0.0 if deferred else requeue_after(cm, status, settings)
+    return Outcome(status, done=done, requeue_after=again, patched=patched)
 
 
 def _store_reachable(status: CompiledModelStatus, generation: int, event: EventFn) -> None:
@@ -390,6 +402,25 @@ def _store_reachable(status: CompiledModelStatus, generation: int, event: EventF
     )
     if before is None or before.status != "False":
         event("Warning", STORE_UNAVAILABLE, message)
+
+
+def _registering(cm: CompiledModel, status: CompiledModelStatus, settings: Settings, generation: int) -> None:
+    """Validated, its MLflow record due in the next pass: Ready waits for it (Unknown, no Event), as
+    whoever waits on Ready reads the winner from MLflow next."""
+    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    registered = next((c for c in status.conditions if c.type == REGISTERED), None)
+    if tracking_uri(cm, settings) is None or ready is None or ready.status != "True":
+        return
+    if registered is not None and registered.status != "Unknown":
+        return  # recorded already, or refused/unavailable (Ready is False then)
+    status.conditions = set_condition(
+        status.conditions,
+        "Ready",
+        "Unknown",
+        "Registering",
+        f"{ready.message}; recording in MLflow",
+        generation,
+    )
 
 
 def _not_ready_while_unregistered(status: CompiledModelStatus, generation: int) -> None:

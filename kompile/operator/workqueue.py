@@ -7,7 +7,8 @@ reconcile them.
 - add_after(key, delay) adds it later; of several delays for one key the earliest wins.
 - retry(key) adds it after a per-key exponential backoff; forget(key) resets the backoff.
 - An urgent add (a Job's outcome, which a user waits to see in status) goes ahead of the ordinary
-  ones (first looks, requeues), so a backlog of new CompiledModels never delays a finished Job.
+  ones (first looks, requeues), so a backlog of new CompiledModels never delays a finished Job;
+  taken_urgent(key) tells the worker, which then keeps that run short (the slow part is requeued).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class WorkQueue(Generic[K]):
         self._urgent_keys: set[K] = set()  # urgent adds not yet in _urgent (delayed, or in process)
         self._dirty: set[K] = set()  # waiting in _queue, or to be queued again after processing
         self._processing: set[K] = set()
+        self._taken_urgent: set[K] = set()  # in process, taken from the urgent lane
         self._waiting: list[tuple[float, int, K]] = []  # (due, tie-breaker, key), a heap
         self._due: dict[K, float] = {}  # earliest due time of each waiting key
         self._failures: dict[K, int] = {}
@@ -108,7 +110,11 @@ class WorkQueue(Generic[K]):
                     return None
                 self._promote_due()
                 if self._urgent or self._queue:
-                    key = (self._urgent or self._queue).popleft()
+                    if self._urgent:
+                        key = self._urgent.popleft()
+                        self._taken_urgent.add(key)
+                    else:
+                        key = self._queue.popleft()
                     self._dirty.discard(key)
                     self._processing.add(key)
                     return key
@@ -126,9 +132,15 @@ class WorkQueue(Generic[K]):
                     self._urgent_keys.discard(key)
                 self._add_locked(key, urgent)
 
+    def taken_urgent(self, key: K) -> bool:
+        """Whether the key's run in progress was taken from the urgent lane."""
+        with self._cond:
+            return key in self._taken_urgent
+
     def done(self, key: K) -> None:
         with self._cond:
             self._processing.discard(key)
+            self._taken_urgent.discard(key)
             if key in self._dirty:
                 urgent = key in self._urgent_keys and key not in self._due
                 if urgent:

@@ -128,3 +128,16 @@ def test_an_urgent_delayed_add_and_an_urgent_add_during_processing_stay_urgent()
     q.add("job-ended", urgent=True)  # while it is processed: its re-run goes first too
     q.done("job-ended")
     assert q.get() == "job-ended" and q.get() == "backlog"
+
+
+def test_the_worker_knows_a_run_came_from_the_urgent_lane() -> None:
+    """So that run stays short: its slow part (MLflow, rollout) is requeued as ordinary work."""
+    q: WorkQueue[str] = WorkQueue()
+    q.add("first-look")
+    q.add("job-ended", urgent=True)
+    assert q.get() == "job-ended" and q.taken_urgent("job-ended")
+    q.add("job-ended")  # the slow part, asked for by the urgent run: an ordinary re-run
+    q.done("job-ended")
+    assert not q.taken_urgent("job-ended")
+    assert q.get() == "first-look" and not q.taken_urgent("first-look")
+    assert q.get() == "job-ended" and not q.taken_urgent("job-ended")
