@@ -86,6 +86,7 @@ class ControlPlane:
         kwok_config: Path | None = None,
         timeout: float = 60.0,
         apiserver_args: Sequence[str] = (),
+        controller_manager_args: Sequence[str] = (),
     ) -> None:
         self.bin_dir = bin_dir
         self.work_dir = work_dir
@@ -96,6 +97,7 @@ class ControlPlane:
         self.kwok_config = kwok_config or default_kwok_config(bin_dir)
         self.timeout = timeout
         self.apiserver_args = list(apiserver_args)  # extra flags (an audit policy, for a benchmark)
+        self.controller_manager_args = list(controller_manager_args)
         self.log_dir = work_dir / "logs"
         self.pki = Pki(work_dir / "pki", FIRST_SERVICE_IP)
         self.kubeconfig = work_dir / "kubeconfig"
@@ -278,6 +280,7 @@ class ControlPlane:
                 f"--service-account-private-key-file={self.pki.sa_key}",
                 f"--root-ca-file={self.pki.ca_crt}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                *self.controller_manager_args,
             ],
             f"https://127.0.0.1:{port}/healthz",
             _insecure_context(),
