@@ -288,6 +288,12 @@ def reconcile(
     namespace, name = meta.get("namespace", "default"), meta.get("name", "")
     generation = int(meta.get("generation") or 0)
     metrics.RECONCILES.inc()
+    told: set[str] = set()  # the reasons this pass posted: Ready's transition does not repeat one
+
+    def tell(kind: str, reason: str, message: str) -> None:
+        told.add(reason)
+        event(kind, reason, message)
+
     try:
         cm = CompiledModel.model_validate({k: v for k, v in doc.items() if k != "status"})
     except ValidationError as err:
@@ -303,7 +309,7 @@ def reconcile(
     if refused is None:
         refused, reason = tenancy.refusal(cm, settings), "EndpointNotAllowed"
     if refused:
-        return _refuse(status, reason, refused, doc, kube, event)
+        return _refuse(status, reason, refused, doc, kube, tell)
     old = {t.name: t for t in status.targets}
     uid = cm.metadata.uid or ""
     jobs = kube.list_jobs(namespace, f"{LABEL_UID}={uid}")
@@ -311,7 +317,7 @@ def reconcile(
         labels = job["metadata"].get("labels") or {}
         if labels.get(LABEL_GENERATION) != str(generation):
             kube.delete_job(namespace, job["metadata"]["name"])
-            event(
+            tell(
                 "Normal",
                 "JobSuperseded",
                 f"deleted Job {job['metadata']['name']} of generation {labels.get(LABEL_GENERATION)}",
@@ -326,8 +332,8 @@ def reconcile(
     too_many = spec_limits.too_many_targets(cm, len(resolved))
     if too_many:  # status could not hold them: every patch would be refused
         status.targets = []
-        return _refuse(status, "TooManyTargets", too_many, doc, kube, event)
-    store = store_access(cm, kube, settings, event)
+        return _refuse(status, "TooManyTargets", too_many, doc, kube, tell)
+    store = store_access(cm, kube, settings, tell)
     pods = PodsOfJobs(kube, namespace, uid)
     targets: list[TargetStatus] = []
     for rt in resolved:
@@ -335,7 +341,7 @@ def reconcile(
         if prev is not None and prev.phase in TERMINAL:
             targets.append(prev)
             continue
-        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, event, pods))
+        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, tell, pods))
     status.targets = targets
     was = next((c for c in status.conditions if c.type == "Ready"), None)
     before = was.status if was else None
@@ -355,16 +361,16 @@ def reconcile(
     ]
     deferred = settled and quick and bool(newly) and _after_targets(cm, status, settings)
     if settled and not deferred:
-        register_generation(cm, status, settings, event)
+        register_generation(cm, status, settings, tell)
         if cm.spec.rollout and cm.spec.rollout.enabled:
-            reconcile_rollouts(cm, status, resolved, kube, settings, event)
+            reconcile_rollouts(cm, status, resolved, kube, settings, tell)
         else:
-            _alias_winners(cm, status, settings, event, resolved)
+            _alias_winners(cm, status, settings, tell, resolved)
     settle_registered(cm, status, settings)
     _not_ready_while_unregistered(status, generation)
     if deferred:
         _registering(cm, status, settings, generation)
-    _store_reachable(status, generation, event)
+    _store_reachable(status, generation, tell)
     ready = next(c for c in status.conditions if c.type == "Ready")
     if was is not None and ready.status == was.status:
         # A refusal after summarize (registry, GitOps) may have flipped Ready and back: unchanged.
@@ -373,6 +379,7 @@ def reconcile(
         ready.status != before
         and ready.status in ("True", "False")
         and all(t.phase in TERMINAL for t in targets)
+        and ready.reason not in told  # a refusal that turned Ready False posted its own Warning
     ):
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
     crash_point("before-status-patch")

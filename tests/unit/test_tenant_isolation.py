@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kompile.api.status import TargetStatus, Thresholds, ValidationResult
+from kompile.api.status import Artifact, TargetStatus, Thresholds, ValidationResult
 from kompile.artifact_store import join, write_bytes
 from kompile.operator.jobs import ANNOTATION_PREFIX
 from kompile.operator.reconcile import reconcile
@@ -52,14 +52,18 @@ def doc(namespace: str, uid: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def _validated_entry(prefix: str) -> None:
-    """What a compile pod publishes: a file, then result.json naming it."""
+def _validated_entry(prefix: str, artifact: bool = False) -> None:
+    """What a compile pod publishes: a file, then result.json naming it (and, with artifact, the
+    artifact record a rollout serves from)."""
     write_bytes(join(prefix, "m", "1", "model.onnx"), b"model", None, None)
     target = TargetStatus(
         name="cpu",
         backend="onnxruntime",
         precision="fp32",
         phase="Succeeded",
+        artifact=Artifact(uri=join(prefix, "m"), digest="sha256:" + "a" * 64, size_bytes=5)
+        if artifact
+        else None,
         validation=ValidationResult(passed=True, samples=1, thresholds=Thresholds(min_cosine=0.99, top_k=5)),
     )
     result = {"target": target.to_wire(), "files": {"m/1/model.onnx": 5}}
