@@ -32,6 +32,7 @@ from kompile.operator.jobs import (
     LABEL_TARGET,
     LABEL_UID,
     build_job,
+    compile_image,
 )
 from kompile.operator.kube import JOB_NAME_LABEL, Kube, api_message
 from kompile.operator.lineage import (
@@ -531,11 +532,11 @@ def target_cache_key(cm: CompiledModel, rt: ResolvedTarget, settings: Settings, 
     use shapes the artifact: all their versions key it."""
     version = ",".join(
         f"{b}={settings.backend_versions.get(b, 'unknown')}"
-        for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu")
+        for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu", rt.arch)
     )
     model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
     return cache_key(
-        source_fingerprint(cm, store, settings.gpu_image if rt.gpu else settings.cpu_image),
+        source_fingerprint(cm, store, compile_image(rt, settings)),
         rt.target,
         version,
         rt.hardware_class,
