@@ -22,7 +22,7 @@ from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
-from kompile.operator import metrics, spec_limits, tenancy, tensorrt_match
+from kompile.operator import latest, metrics, spec_limits, tenancy, tensorrt_match
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.fleet import HardwareClass
 from kompile.operator.jobs import (
@@ -268,6 +268,8 @@ def _after_targets(cm: CompiledModel, status: CompiledModelStatus, settings: Set
         rollout = cm.spec.rollout is not None and cm.spec.rollout.enabled
         if not rollout and not reg.aliases_set:
             return True
+    if latest.due(targets, status.latest):
+        return True
     return any(r.phase in ROLLOUT_WAITING for r in status.rollouts)
 
 
@@ -355,17 +357,19 @@ def reconcile(
         t for t in targets if t.phase in TERMINAL and (t.name not in old or old[t.name].phase not in TERMINAL)
     ]
     deferred = settled and quick and bool(newly) and _after_targets(cm, status, settings)
+    pointer_error = None
     if settled and not deferred:
         register_generation(cm, status, settings, event)
         if cm.spec.rollout and cm.spec.rollout.enabled:
             reconcile_rollouts(cm, status, resolved, kube, settings, event)
         else:
             _alias_winners(cm, status, settings, event, resolved)
+        pointer_error = _write_latest(cm, status, settings, store, generation)
     settle_registered(cm, status, settings)
     _not_ready_while_unregistered(status, generation)
     if deferred:
         _registering(cm, status, settings, generation)
-    _store_reachable(status, generation, event)
+    _store_reachable(status, generation, event, pointer_error)
     ready = next(c for c in status.conditions if c.type == "Ready")
     if was is not None and ready.status == was.status:
         # A refusal after summarize (registry, GitOps) may have flipped Ready and back: unchanged.
@@ -374,6 +378,7 @@ def reconcile(
         ready.status != before
         and ready.status in ("True", "False")
         and all(t.phase in TERMINAL for t in targets)
+        and ready.reason != STORE_UNAVAILABLE  # _store_reachable told it once already
     ):
         event("Normal" if ready.status == "True" else "Warning", ready.reason, ready.message or ready.reason)
     crash_point("before-status-patch")
@@ -383,18 +388,23 @@ def reconcile(
     return Outcome(status, done=done, requeue_after=again, patched=patched)
 
 
-def _store_reachable(status: CompiledModelStatus, generation: int, event: EventFn) -> None:
-    """StoreReachable=False (and Ready's reason) while a target waits on the artifact store; True
-    again once none does. One Warning per outage, not one per reconcile."""
+def _store_reachable(
+    status: CompiledModelStatus, generation: int, event: EventFn, pointer_error: str | None = None
+) -> None:
+    """StoreReachable=False (and Ready's reason) while a target or a class's `latest` pointer waits
+    on the artifact store; True again once none does. One Warning per outage, not one per reconcile."""
     waiting = [t for t in status.targets if t.reason == STORE_UNAVAILABLE]
     before = next((c for c in status.conditions if c.type == STORE_REACHABLE), None)
-    if not waiting:
+    if not waiting and pointer_error is None:
         if before is not None:
             status.conditions = set_condition(
                 status.conditions, STORE_REACHABLE, "True", "Reachable", "", generation
             )
         return
-    message = f"{len(waiting)} target(s) wait on the artifact store: {waiting[0].message}"
+    if waiting:
+        message = f"{len(waiting)} target(s) wait on the artifact store: {waiting[0].message}"
+    else:
+        message = f"the latest pointers wait on the artifact store: {pointer_error}"
     status.conditions = set_condition(
         status.conditions, STORE_REACHABLE, "False", STORE_UNAVAILABLE, message[:1000], generation
     )
@@ -403,6 +413,34 @@ def _store_reachable(status: CompiledModelStatus, generation: int, event: EventF
     )
     if before is None or before.status != "False":
         event("Warning", STORE_UNAVAILABLE, message)
+
+
+def _write_latest(
+    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, store: StoreAccess, generation: int
+) -> str | None:
+    """Point each class's `latest` at its winner (kompile.operator.latest), once per winner per
+    generation; the store's error while one is left to write (retried at the next reconcile)."""
+
+    def put(uri: str, doc: Mapping[str, Any]) -> None:
+        store_call(uri, store, lambda: latest.write_pointer(uri, doc, store.endpoint, store.credentials))
+
+    try:
+        latest.write_due(
+            status,
+            store_root(cm, settings),
+            namespace=cm.metadata.namespace or "default",
+            compiled_model=cm.metadata.name,
+            model_name=_model_name(cm),
+            generation=generation,
+            put=put,
+        )
+    except StoreUnavailable as err:
+        return str(err)
+    return None
+
+
+def _model_name(cm: CompiledModel) -> str:
+    return (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
 
 
 def _registering(cm: CompiledModel, status: CompiledModelStatus, settings: Settings, generation: int) -> None:
@@ -534,7 +572,7 @@ def target_cache_key(cm: CompiledModel, rt: ResolvedTarget, settings: Settings, 
         f"{b}={settings.backend_versions.get(b, 'unknown')}"
         for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu", rt.arch)
     )
-    model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
+    model_name = _model_name(cm)
     return cache_key(
         source_fingerprint(cm, store, compile_image(rt, settings)),
         rt.target,
