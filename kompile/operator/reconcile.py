@@ -254,8 +254,11 @@ def requeue_after(cm: CompiledModel, status: CompiledModelStatus, settings: Sett
     return settings.resync_seconds * JOB_WATCH_FACTOR if waiting else None
 
 
-def _after_targets(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> bool:
-    """Every target settled and the registration, an alias or a rollout still to do or under way."""
+def _after_targets(
+    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, pointers: bool = True
+) -> bool:
+    """Every target settled and the registration, an alias, a rollout or (with pointers) a `latest`
+    pointer still to do or under way."""
     targets = status.targets
     if not targets or any(t.phase not in TERMINAL for t in targets):
         return False
@@ -268,7 +271,7 @@ def _after_targets(cm: CompiledModel, status: CompiledModelStatus, settings: Set
         rollout = cm.spec.rollout is not None and cm.spec.rollout.enabled
         if not rollout and not reg.aliases_set:
             return True
-    if latest.due(targets, status.latest):
+    if pointers and latest.due(targets, status.latest):
         return True
     return any(r.phase in ROLLOUT_WAITING for r in status.rollouts)
 
@@ -356,7 +359,8 @@ def reconcile(
     newly = [
         t for t in targets if t.phase in TERMINAL and (t.name not in old or old[t.name].phase not in TERMINAL)
     ]
-    deferred = settled and quick and bool(newly) and _after_targets(cm, status, settings)
+    # A pointer alone is one small PUT per class: written in this pass, not deferred.
+    deferred = settled and quick and bool(newly) and _after_targets(cm, status, settings, pointers=False)
     pointer_error = None
     if settled and not deferred:
         register_generation(cm, status, settings, event)
