@@ -1,8 +1,11 @@
 # syntax=docker/dockerfile:1
 # Three images from one file, one target each:
 #   docker build --target operator    -t ghcr.io/kompile/operator:0.1.0    .
-#   docker build --target compile-cpu -t ghcr.io/kompile/compile-cpu:0.1.0 .
+#   docker buildx build --platform linux/amd64,linux/arm64 --target compile-cpu \
+#     -t ghcr.io/kompile/compile-cpu:0.1.0 --push .
 #   docker build --target compile-gpu -t ghcr.io/kompile/compile-gpu:0.1.0 .
+# compile-cpu is one multi-arch tag: arm64 edge classes pull its arm64 variant (the operator sets
+# the same image on every CPU class and pins the architecture with the Job's nodeSelector).
 # No Docker engine runs in CI: tests/unit/test_dockerfile.py lints this file with hadolint and checks
 # that every pip extra and file named here exists. Versions come from requirements/lock.txt, the same
 # lock CI's venv is built from (scripts/setup-venv.sh), used here as a constraints file so an image
@@ -42,6 +45,8 @@ ENTRYPOINT ["kompile", "operator"]
 # versions CI never tested. Switch to `--index-url https://download.pytorch.org/whl/cpu` together
 # with the lock when that changes.
 FROM ${PYTHON_IMAGE} AS compile-cpu
+# Set by BuildKit per --platform (amd64, arm64); the default is for a builder that does not set it.
+ARG TARGETARCH=amd64
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -54,8 +59,14 @@ COPY pyproject.toml README.md ./
 COPY kompile kompile
 # executorch and coreml: the edge backends, pinned by their extras as in requirements/edge.txt (the
 # packages executorch declares but never imports on the export path, hydra-core and test tools, are
-# left to pip here; the venv installs edge.txt with --no-deps).
-RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,openvino,s3,executorch,coreml]"
+# left to pip here; the venv installs edge.txt with --no-deps). Every pin has Linux wheels for both
+# architectures (openvino's arm64 wheel needs glibc 2.35: bookworm has 2.36) except coremltools 9.0,
+# whose Linux wheels are x86_64 only: Core ML exports are built on amd64 classes, and on arm64 the
+# coreml backend reports itself unavailable.
+RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,openvino,s3,executorch]" \
+    && if [ "${TARGETARCH}" = "amd64" ]; then \
+        pip install --no-cache-dir -c requirements/lock.txt ".[coreml]"; \
+    fi
 # The example models, so python://models.small:small_cnn resolves as it does in the examples.
 COPY examples/models models
 USER 65532:65532

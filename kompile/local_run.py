@@ -20,6 +20,7 @@ from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.pipeline import BuiltTarget, LogReporter, PipelineOptions, Reporter, run_pipeline
 from kompile.compile_jobs.sources import SourceError
+from kompile.operator import latest
 
 
 @dataclass
@@ -88,6 +89,28 @@ def _publish_to_s3(cm: CompiledModel, built: list[BuiltTarget], reporter: Report
         b.status.artifact = b.status.artifact.model_copy(update={"uri": uri})
 
 
+def _point_latest(
+    cm: CompiledModel, status: CompiledModelStatus, artifact_root: Path, reporter: Reporter
+) -> None:
+    """The same `latest` pointer per class as the operator writes, in this run's store (the s3://
+    store, else the local artifact folder), so devices fetch from either the same way."""
+    registry = cm.spec.registry
+    store = registry.artifact_store if registry else None
+    root = store if store and is_s3(store) else artifact_root.as_uri()
+    endpoint = registry.s3_endpoint if registry else None
+    if latest.due(status.targets, status.latest):
+        reporter.stage(None, f"pointing {join(root, 'latest')} at each class's winner")
+    latest.write_due(
+        status,
+        root,
+        namespace=cm.metadata.namespace or "default",
+        compiled_model=cm.metadata.name,
+        model_name=(registry.model_name if registry else None) or cm.metadata.name,
+        generation=cm.metadata.generation,
+        put=lambda uri, doc: latest.write_pointer(uri, doc, endpoint),
+    )
+
+
 def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[int, str | None]:
     """Run and report. Returns (exit code, error message for bad input or None)."""
     s.work_dir.mkdir(parents=True, exist_ok=True)
@@ -106,6 +129,7 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     try:
         result = run_pipeline(cm, opts, reporter)
         _publish_to_s3(cm, result.built, reporter)
+        _point_latest(cm, result.status, opts.artifact_root, reporter)
         if s.register and any(t.artifact for t in result.status.targets):
             from kompile.registry import TargetRecord, record
 

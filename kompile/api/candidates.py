@@ -44,14 +44,15 @@ def target_device(target: Target, gpu_class: bool | None = None) -> str:
     return "cuda" if needs_gpu(target) else "cpu"
 
 
-def candidates_of(target: Target, device: str) -> list[Candidate]:
-    """The target's candidates: its own list, the device's auto backends, or just itself. An auto
-    candidate gets the keys of the target's options that its backend knows."""
+def candidates_of(target: Target, device: str, arch: str | None = None) -> list[Candidate]:
+    """The target's candidates: its own list, the class's auto backends (by device and architecture;
+    None: any), or just itself. An auto candidate gets the keys of the target's options that its
+    backend knows."""
     if target.candidates:
         listed = list(target.candidates)
     else:
         if target.backend == AUTO:
-            pairs = [(b, options_for(b, target.options)) for b in auto_backends(device)]
+            pairs = [(b, options_for(b, target.options)) for b in auto_backends(device, arch)]
         else:
             pairs = [(target.backend, target.options)]
         listed = [Candidate(backend=b, quantization=target.quantization, options=o or None) for b, o in pairs]
@@ -68,12 +69,12 @@ def candidates_of(target: Target, device: str) -> list[Candidate]:
     ]
 
 
-def candidate_targets(target: Target, device: str) -> list[Target]:
+def candidate_targets(target: Target, device: str, arch: str | None = None) -> list[Target]:
     """Each candidate as a Target of its own (named, precision and tolerances filled in), so one
     build path serves single targets and candidates alike."""
     out: list[Target] = []
     taken: set[str] = {c.name for c in target.candidates or [] if c.name}
-    for c in candidates_of(target, device):
+    for c in candidates_of(target, device, arch):
         precision = c.precision or target.precision
         name = c.name
         if name is None:
@@ -96,6 +97,6 @@ def candidate_targets(target: Target, device: str) -> list[Target]:
     return out
 
 
-def backends_of(target: Target, device: str) -> list[str]:
+def backends_of(target: Target, device: str, arch: str | None = None) -> list[str]:
     """Backends the target's candidates use (the compile image must carry each)."""
-    return sorted({c.backend for c in candidates_of(target, device)})
+    return sorted({c.backend for c in candidates_of(target, device, arch)})

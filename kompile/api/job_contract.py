@@ -46,6 +46,8 @@ class JobEnv:
     TARGET = "KOMPILE_TARGET"
     HARDWARE_CLASS = "KOMPILE_HARDWARE_CLASS"
     DEVICE = "KOMPILE_DEVICE"
+    ARCH = "KOMPILE_ARCH"
+    """The class's architecture (kubernetes.io/arch): which backends auto offers there."""
     ARTIFACT_PREFIX = "KOMPILE_ARTIFACT_PREFIX"
     WORK_DIR = "KOMPILE_WORK_DIR"
     TIMING_CACHE_URI = "KOMPILE_TIMING_CACHE_URI"
@@ -69,6 +71,8 @@ class JobSpec:
     work_dir: str = "/scratch"
     timing_cache_uri: str | None = None
     s3_endpoint: str | None = None
+    arch: str | None = None
+    """None: the Job's own machine's (a target not pinned to an architecture)."""
 
     def to_env(self) -> list[dict[str, str]]:
         env = [
@@ -76,6 +80,7 @@ class JobSpec:
             (JobEnv.TARGET, json.dumps(self.target.to_wire(), separators=(",", ":"))),
             (JobEnv.HARDWARE_CLASS, self.hardware_class),
             (JobEnv.DEVICE, self.device),
+            (JobEnv.ARCH, self.arch),
             (JobEnv.ARTIFACT_PREFIX, self.artifact_prefix),
             (JobEnv.WORK_DIR, self.work_dir),
             (JobEnv.TIMING_CACHE_URI, self.timing_cache_uri),
@@ -112,6 +117,7 @@ class JobSpec:
             work_dir=env.get(JobEnv.WORK_DIR) or "/scratch",
             timing_cache_uri=env.get(JobEnv.TIMING_CACHE_URI) or None,
             s3_endpoint=env.get(JobEnv.S3_ENDPOINT) or None,
+            arch=env.get(JobEnv.ARCH) or None,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kompile.api.catalog import CATALOG, BackendEntry, auto_backends
+from kompile.api.catalog import CATALOG, BackendEntry, auto_summary
 from kompile.api.crd import openapi_schema
 from kompile.api.spec import CompiledModelSpec
 from kompile.api.status import CompiledModelStatus
@@ -132,8 +132,8 @@ def render_reference() -> str:
         "below (values are case-insensitive except free text). An unknown key is refused by the API",
         "server; a bad value by `kompile check` and by the operator before any Job (Ready=False,",
         "InvalidSpec, naming the key). With `backend: auto` each candidate gets the keys its backend",
-        f"knows (auto offers {', '.join(auto_backends('cpu'))} on CPU classes and "
-        f"{', '.join(auto_backends('cuda'))} on GPU classes), and each of them must take the value.",
+        f"knows (auto offers {auto_summary('cpu')} on CPU classes and "
+        f"{auto_summary('cuda')} on GPU classes), and each of them must take the value.",
         "",
     ]
     for e in CATALOG.values():

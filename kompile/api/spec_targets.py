@@ -12,7 +12,7 @@ from kompile.api.catalog import (
     BackendName,
     OptionsError,
     TargetBackendName,
-    auto_backends,
+    auto_summary,
     check_options,
 )
 from kompile.api.catalog.cel import option_rules
@@ -39,7 +39,7 @@ _OPTIONS_HELP = (
 )
 
 
-_AUTO_HELP = f"CPU: {' and '.join(auto_backends('cpu'))}; GPU: {' and '.join(auto_backends('cuda'))}"
+_AUTO_HELP = f"CPU: {auto_summary('cpu')}; GPU: {auto_summary('cuda')}"
 
 
 def _check_options(owner: str, backend: str, options: dict[str, str] | None) -> None:
@@ -322,11 +322,11 @@ class Fleet(ApiModel):
     enabled: bool = Field(default=False, description="Discover targets from the fleet's Nodes.")
     gpu_backend: TargetBackendName = Field(
         default="auto",
-        description=f"Backend for NVIDIA GPU classes; auto: {' and '.join(auto_backends('cuda'))}.",
+        description=f"Backend for NVIDIA GPU classes; auto: {auto_summary('cuda')}.",
     )
     cpu_backend: TargetBackendName = Field(
         default="auto",
-        description=f"Backend for CPU classes; auto: {' and '.join(auto_backends('cpu'))}.",
+        description=f"Backend for CPU classes; auto: {auto_summary('cpu')}.",
     )
     precisions: list[TargetPrecision] = Field(
         default_factory=lambda: ["fp32"],  # type: ignore[arg-type]

@@ -289,6 +289,15 @@ class RolloutStatus(ApiModel):
     message: str | None = Field(default=None, description="Details.")
 
 
+class LatestPointer(ApiModel):
+    """A class's `latest` pointer in the artifact store, as this generation wrote it."""
+
+    hardware_class: str = Field(description="Hardware class the pointer is for.")
+    uri: str = Field(description="The pointer: <store>/latest/<namespace>/<modelName>/<class>.json.")
+    target: str = Field(description="Target whose artifact it names.")
+    digest: str = Field(description="Digest of the artifact it names (sha256:<hex>).")
+
+
 class CompiledModelStatus(ApiModel):
     """Observed state of a CompiledModel."""
 
@@ -317,6 +326,13 @@ class CompiledModelStatus(ApiModel):
         default_factory=list,
         max_length=64,
         description="Rollout per hardware class.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["hardwareClass"]},
+    )
+    latest: list[LatestPointer] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Per hardware class, the stable pointer to its winner in the artifact store, written "
+        "once the generation has settled (devices poll it; see docs/operations.md, Device fleets).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["hardwareClass"]},
     )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kompile.api.candidates import candidate_targets, is_generated, is_multi
-from kompile.api.catalog import AUTO, CATALOG, OptionsError, entry
+from kompile.api.catalog import AUTO, CATALOG, OptionsError, auto_left_out, entry
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import InputSpec, Selection, Target, Validation
 from kompile.api.status import CANDIDATES_MAX, Artifact, TargetStatus, Thresholds
@@ -58,6 +58,8 @@ class BuildContext:
     artifact_root: Path
     hardware_class: str
     reporter: StageReporter
+    arch: str | None = None
+    """The class's architecture (kubernetes.io/arch); None: any (auto offers every CPU backend)."""
 
 
 def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget:
@@ -97,7 +99,8 @@ class _Tournament:
         ladder = target.precision == AUTO
         passed: str | None = None
         not_tried: list[str] = []
-        for cand in candidate_targets(target, self.device):
+        ts.not_offered += arch_notes(target, self.device, self.ctx.arch)[:_NOT_OFFERED_MAX]
+        for cand in candidate_targets(target, self.device, self.ctx.arch):
             if ladder and passed is not None and cand.precision != passed:
                 if cand.precision not in not_tried:
                     not_tried.append(cand.precision)
@@ -168,6 +171,14 @@ class _Tournament:
             planned.built.append(built)
         planned.candidates.append(cs)
         return built, cs
+
+
+def arch_notes(target: Target, device: str, arch: str | None) -> list[str]:
+    """What auto leaves out on this class's architecture (catalog `auto_arches`), one note per
+    backend, said before any build; nothing for listed candidates (built as written)."""
+    if arch is None or target.backend != AUTO or target.candidates:
+        return []
+    return [f"{name}: {why}" for name, why in auto_left_out(device, arch)]
 
 
 def _validated(cs: TargetStatus) -> bool:

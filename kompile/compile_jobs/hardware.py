@@ -52,9 +52,14 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+def local_arch() -> str:
+    """This machine's architecture as Kubernetes names it (`kubernetes.io/arch`: amd64, arm64)."""
+    return _ARCH.get(platform.machine().lower(), platform.machine().lower())
+
+
 @cache
 def local_cpu_class() -> str:
-    arch = _ARCH.get(platform.machine().lower(), platform.machine().lower())
+    arch = local_arch()
     return f"cpu-{arch}-{cpu_isa(_cpuinfo()[1], arch)}"
 
 

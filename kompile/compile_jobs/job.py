@@ -94,6 +94,7 @@ def main() -> None:
         only_targets=[target.name],
         hardware_class=hw_class,
         device=job.device,
+        arch=job.arch,
     )
     reporter = LogReporter(lambda m: print(m, flush=True))
     timing = _pull_timing_cache(endpoint)

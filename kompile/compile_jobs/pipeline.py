@@ -28,7 +28,7 @@ from kompile.compile_jobs import export, inputs, sources, timing
 from kompile.compile_jobs.backends.base import Runner
 from kompile.compile_jobs.build import BuildContext, plan_target, reference_results
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
-from kompile.compile_jobs.hardware import local_cpu_class
+from kompile.compile_jobs.hardware import local_arch, local_cpu_class
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
 
 
@@ -66,6 +66,9 @@ class PipelineOptions:
     device: str | None = None
     """cpu or cuda for every target (a compile Job is told its class's device); None: each
     target's own (options.device, else cuda only for GPU-only backends)."""
+    arch: str | None = None
+    """The class's architecture (a compile Job is told it); None: this machine's. Decides which
+    backends auto offers (catalog `auto_arches`)."""
 
 
 __all__ = [
@@ -136,6 +139,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         artifact_root=opts.artifact_root,
         hardware_class=opts.hardware_class or local_cpu_class(),
         reporter=reporter,
+        arch=opts.arch or local_arch(),
     )
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter)
@@ -166,7 +170,10 @@ def _export_if_consumed(
     """The ONNX export, made only when the source is ONNX or a backend of the run compiles ONNX
     (the catalog says which): a run of torch-consuming backends neither pays for the export nor
     fails on what it cannot hold."""
-    consumers = {b for t in targets for b in backends_of(t, _device(t, opts)) if entry(b).consumes == "onnx"}
+    arch = opts.arch or local_arch()
+    consumers = {
+        b for t in targets for b in backends_of(t, _device(t, opts), arch) if entry(b).consumes == "onnx"
+    }
     if loaded.module is not None and not consumers:
         return None
     if loaded.onnx_path is not None:

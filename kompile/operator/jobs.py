@@ -78,7 +78,15 @@ def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Setti
         # TensorRT timing caches are shared per (GPU class, TensorRT version) beside the cache.
         timing_cache_uri=f"{root}/{TIMING_CACHES}" if rt.gpu else None,
         s3_endpoint=(registry.s3_endpoint if registry else None) or settings.s3_endpoint,
+        arch=rt.arch,
     )
+
+
+def compile_image(rt: ResolvedTarget, settings: Settings) -> str:
+    """The compile image for the target's class. The CPU image is one multi-arch tag (the
+    Dockerfile's compile-cpu stage, built for amd64 and arm64): each node pulls its own
+    architecture's variant, and the Job's nodeSelector pins the architecture."""
+    return settings.gpu_image if rt.gpu else settings.cpu_image
 
 
 def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:
@@ -113,7 +121,7 @@ def build_job(
     }
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": settings.gpu_image if rt.gpu else settings.cpu_image,
+        "image": compile_image(rt, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["kompile-job"],
         "env": _env(cm, rt, prefix, settings),

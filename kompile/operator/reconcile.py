@@ -22,7 +22,7 @@ from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
 from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
-from kompile.operator import metrics, spec_limits, tenancy, tensorrt_match
+from kompile.operator import latest, metrics, spec_limits, tenancy, tensorrt_match
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.fleet import HardwareClass
 from kompile.operator.jobs import (
@@ -32,6 +32,7 @@ from kompile.operator.jobs import (
     LABEL_TARGET,
     LABEL_UID,
     build_job,
+    compile_image,
 )
 from kompile.operator.kube import JOB_NAME_LABEL, Kube, api_message
 from kompile.operator.lineage import (
@@ -253,8 +254,11 @@ def requeue_after(cm: CompiledModel, status: CompiledModelStatus, settings: Sett
     return settings.resync_seconds * JOB_WATCH_FACTOR if waiting else None
 
 
-def _after_targets(cm: CompiledModel, status: CompiledModelStatus, settings: Settings) -> bool:
-    """Every target settled and the registration, an alias or a rollout still to do or under way."""
+def _after_targets(
+    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, pointers: bool = True
+) -> bool:
+    """Every target settled and the registration, an alias, a rollout or (with pointers) a `latest`
+    pointer still to do or under way."""
     targets = status.targets
     if not targets or any(t.phase not in TERMINAL for t in targets):
         return False
@@ -267,6 +271,8 @@ def _after_targets(cm: CompiledModel, status: CompiledModelStatus, settings: Set
         rollout = cm.spec.rollout is not None and cm.spec.rollout.enabled
         if not rollout and not reg.aliases_set:
             return True
+    if pointers and latest.due(targets, status.latest):
+        return True
     return any(r.phase in ROLLOUT_WAITING for r in status.rollouts)
 
 
@@ -359,18 +365,21 @@ def reconcile(
     newly = [
         t for t in targets if t.phase in TERMINAL and (t.name not in old or old[t.name].phase not in TERMINAL)
     ]
-    deferred = settled and quick and bool(newly) and _after_targets(cm, status, settings)
+    # A pointer alone is one small PUT per class: written in this pass, not deferred.
+    deferred = settled and quick and bool(newly) and _after_targets(cm, status, settings, pointers=False)
+    pointer_error = None
     if settled and not deferred:
         register_generation(cm, status, settings, tell)
         if cm.spec.rollout and cm.spec.rollout.enabled:
             reconcile_rollouts(cm, status, resolved, kube, settings, tell)
         else:
             _alias_winners(cm, status, settings, tell, resolved)
+        pointer_error = _write_latest(cm, status, settings, store, generation)
     settle_registered(cm, status, settings)
     _not_ready_while_unregistered(status, generation)
     if deferred:
         _registering(cm, status, settings, generation)
-    _store_reachable(status, generation, tell)
+    _store_reachable(status, generation, tell, pointer_error)
     ready = next(c for c in status.conditions if c.type == "Ready")
     if was is not None and ready.status == was.status:
         # A refusal after summarize (registry, GitOps) may have flipped Ready and back: unchanged.
@@ -389,18 +398,23 @@ def reconcile(
     return Outcome(status, done=done, requeue_after=again, patched=patched)
 
 
-def _store_reachable(status: CompiledModelStatus, generation: int, event: EventFn) -> None:
-    """StoreReachable=False (and Ready's reason) while a target waits on the artifact store; True
-    again once none does. One Warning per outage, not one per reconcile."""
+def _store_reachable(
+    status: CompiledModelStatus, generation: int, event: EventFn, pointer_error: str | None = None
+) -> None:
+    """StoreReachable=False (and Ready's reason) while a target or a class's `latest` pointer waits
+    on the artifact store; True again once none does. One Warning per outage, not one per reconcile."""
     waiting = [t for t in status.targets if t.reason == STORE_UNAVAILABLE]
     before = next((c for c in status.conditions if c.type == STORE_REACHABLE), None)
-    if not waiting:
+    if not waiting and pointer_error is None:
         if before is not None:
             status.conditions = set_condition(
                 status.conditions, STORE_REACHABLE, "True", "Reachable", "", generation
             )
         return
-    message = f"{len(waiting)} target(s) wait on the artifact store: {waiting[0].message}"
+    if waiting:
+        message = f"{len(waiting)} target(s) wait on the artifact store: {waiting[0].message}"
+    else:
+        message = f"the latest pointers wait on the artifact store: {pointer_error}"
     status.conditions = set_condition(
         status.conditions, STORE_REACHABLE, "False", STORE_UNAVAILABLE, message[:1000], generation
     )
@@ -409,6 +423,34 @@ def _store_reachable(status: CompiledModelStatus, generation: int, event: EventF
     )
     if before is None or before.status != "False":
         event("Warning", STORE_UNAVAILABLE, message)
+
+
+def _write_latest(
+    cm: CompiledModel, status: CompiledModelStatus, settings: Settings, store: StoreAccess, generation: int
+) -> str | None:
+    """Point each class's `latest` at its winner (kompile.operator.latest), once per winner per
+    generation; the store's error while one is left to write (retried at the next reconcile)."""
+
+    def put(uri: str, doc: Mapping[str, Any]) -> None:
+        store_call(uri, store, lambda: latest.write_pointer(uri, doc, store.endpoint, store.credentials))
+
+    try:
+        latest.write_due(
+            status,
+            store_root(cm, settings),
+            namespace=cm.metadata.namespace or "default",
+            compiled_model=cm.metadata.name,
+            model_name=_model_name(cm),
+            generation=generation,
+            put=put,
+        )
+    except StoreUnavailable as err:
+        return str(err)
+    return None
+
+
+def _model_name(cm: CompiledModel) -> str:
+    return (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
 
 
 def _registering(cm: CompiledModel, status: CompiledModelStatus, settings: Settings, generation: int) -> None:
@@ -538,11 +580,11 @@ def target_cache_key(cm: CompiledModel, rt: ResolvedTarget, settings: Settings, 
     use shapes the artifact: all their versions key it."""
     version = ",".join(
         f"{b}={settings.backend_versions.get(b, 'unknown')}"
-        for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu")
+        for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu", rt.arch)
     )
-    model_name = (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
+    model_name = _model_name(cm)
     return cache_key(
-        source_fingerprint(cm, store, settings.gpu_image if rt.gpu else settings.cpu_image),
+        source_fingerprint(cm, store, compile_image(rt, settings)),
         rt.target,
         version,
         rt.hardware_class,

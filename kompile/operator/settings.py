@@ -38,7 +38,7 @@ class Settings:
     namespaces: list[str] = field(default_factory=list)
     """KOMPILE_NAMESPACES: namespaces to watch (comma-separated); empty watches all."""
     cpu_image: str = "ghcr.io/kompile/compile-cpu:0.1.0"
-    """KOMPILE_CPU_IMAGE: compile image for CPU backends (onnxruntime)."""
+    """KOMPILE_CPU_IMAGE: compile image for CPU backends; one multi-arch tag (amd64 and arm64)."""
     gpu_image: str = "ghcr.io/kompile/compile-gpu:0.1.0"
     """KOMPILE_GPU_IMAGE: compile image for GPU backends (tensorrt, inductor on CUDA)."""
     image_pull_policy: str = "IfNotPresent"

@@ -10,7 +10,7 @@ from typing import Any
 from kompile.api.candidates import needs_gpu
 from kompile.api.spec import CompiledModelSpec, Target
 from kompile.api.vocabulary import TargetPrecision
-from kompile.operator.fleet import GPU_PRODUCT, GPU_RESOURCE, HardwareClass
+from kompile.operator.fleet import ARCH, GPU_PRODUCT, GPU_RESOURCE, HardwareClass
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
@@ -27,6 +27,8 @@ class ResolvedTarget:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)
     runtime_class: str | None = None
+    arch: str | None = None
+    """kubernetes.io/arch of its nodes where known (decides auto's candidates); None: any."""
 
     @property
     def name(self) -> str:
@@ -72,6 +74,8 @@ def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str
         runtime_class=(
             hw.runtime_class_name if hw and hw.runtime_class_name else (gpu_runtime if gpu else None)
         ),
+        # Only what the user's selector pins: a class found by a looser selector may share it.
+        arch=selector.get(ARCH),
     )
 
 
@@ -96,6 +100,7 @@ def _fleet_target(
         tolerations=[GPU_TOLERATION] if gpu else [],
         resources=_default_resources(gpu),
         runtime_class=gpu_runtime if gpu else None,
+        arch=cls.arch,
     )
 
 

@@ -373,3 +373,41 @@ def test_a_cache_entry_is_served_only_with_every_file_it_names(
     else:
         (Path(uri.removeprefix("file://")) / "small" / "1" / "model.onnx").unlink()
     assert not entry_complete(uri, result, store)
+
+
+def test_latest_pointers_land_beside_the_cache_and_move_with_the_winner(store_root: str) -> None:
+    """What a device fleet polls: `<store>/latest/<namespace>/<model>/<class>.json`, written by the
+    operator's kompile.operator.latest through this store client, read back as a device would."""
+    import json
+
+    from kompile.api.status import Artifact, CompiledModelStatus, TargetStatus
+    from kompile.operator import latest
+    from tests.unit.test_rollout import target
+
+    def built(name: str, p50: float) -> TargetStatus:
+        t = target(name, "cpu-arm64", "executorch", p50)
+        uri = join(store_root, "cache", "ml", name)
+        return t.model_copy(update={"artifact": Artifact(uri=uri, digest=f"sha256:{name}")})
+
+    def write(status: CompiledModelStatus, generation: int) -> None:
+        latest.write_due(
+            status,
+            store_root,
+            namespace="ml",
+            compiled_model="resnet",
+            model_name="resnet",
+            generation=generation,
+            put=latest.write_pointer,
+        )
+
+    first = CompiledModelStatus(targets=[built("gen1", 7.0)])
+    write(first, 1)
+    (pointer,) = first.latest
+    assert pointer.uri == join(store_root, "latest", "ml", "resnet", "cpu-arm64.json")
+    doc = json.loads(read_bytes(pointer.uri) or b"{}")
+    assert doc["generation"] == 1 and doc["digest"] == "sha256:gen1" and doc["backend"] == "executorch"
+    # A later generation's winner replaces it at the same key; the artifact it named stays put.
+    second = CompiledModelStatus(targets=[built("gen2", 6.0)])
+    write(second, 2)
+    doc = json.loads(read_bytes(pointer.uri) or b"{}")
+    assert doc["generation"] == 2 and doc["uri"] == join(store_root, "cache", "ml", "gen2")

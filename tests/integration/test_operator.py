@@ -19,6 +19,8 @@ import pytest
 from kubernetes import client, config
 
 from devtools.devcluster import ControlPlane
+from kompile.api.candidates import backends_of
+from kompile.api.job_contract import JobSpec
 from tests.integration.fleet import (
     CLASSES,
     LOCAL_NODE,
@@ -145,6 +147,14 @@ def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> No
     assert any(t.key == "nvidia.com/gpu" for t in gpu_job.tolerations)
     assert gpu_job.node_selector["nvidia.com/gpu.compute.major"] == "8"
     assert all(j.metadata.owner_references[0].kind == "CompiledModel" for j in jobs)
+    # arm64 edge class: pinned to arm64, told its arch, and its auto target offers executorch
+    # (read back through the Job contract as the compile Job reads it); amd64 classes do not.
+    for cls, arch in (("cpu-arm64", "arm64"), ("cpu-amd64", "amd64")):
+        pod = by_class[cls].spec.template.spec
+        assert pod.node_selector["kubernetes.io/arch"] == arch
+        spec = JobSpec.from_env({e.name: e.value for e in pod.containers[0].env})
+        assert spec.arch == arch and spec.target.backend == "auto"
+        assert ("executorch" in backends_of(spec.target, spec.device, spec.arch)) == (arch == "arm64")
 
     def placed() -> dict[str, str] | None:
         pods = fleet["core"].list_namespaced_pod(NS, label_selector="kompile.dev/compiledmodel=small").items
@@ -167,6 +177,13 @@ def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> No
     repo = Path(local["artifact"]["uri"].removeprefix("file://"))
     assert (repo / "small" / "1" / "model.onnx").is_file() and (repo / "result.json").is_file()
     assert LOCAL_NODE in {t["node"] for t in status["targets"]}
+    # Each class's `latest` pointer in the store names its winner (devices poll it).
+    pointers = {p["hardwareClass"]: p for p in status["latest"]}
+    assert pointers["cpu-amd64-avx2"]["target"] == local["name"]
+    for p in pointers.values():
+        doc = json.loads(Path(p["uri"].removeprefix("file://")).read_text())
+        assert doc["digest"] == p["digest"] and doc["generation"] == 1 and doc["compiledModel"] == "small"
+    assert pointers["cpu-amd64-avx2"]["uri"].endswith(f"/latest/{NS}/small/cpu-amd64-avx2.json")
 
     last_end = max(j.status.completion_time for j in jobs_of(fleet, "small") if j.status.completion_time)
     ready_at = next(c for c in status["conditions"] if c["type"] == "Ready")["lastTransitionTime"]

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from kompile.api import parse_manifest
 from kompile.cli import app
+from kompile.compile_jobs.hardware import local_arch
 from tests.pipeline.conftest import torchscript_onnx
 
 
@@ -111,12 +112,21 @@ def test_run_a_model_file_directly_and_print_its_manifest(tmp_path: Path) -> Non
     work = str(tmp_path / ".kompile")
     code, out, err = _cli("run", str(model), "--json", "--no-register", "--work-dir", work)
     assert code == 0, err
-    (t,) = __import__("json").loads(out)["targets"]
+    status = __import__("json").loads(out)
+    (t,) = status["targets"]
     assert t["phase"] == "Succeeded"
+    # The same `latest` pointer as the operator writes, in the run's local artifact folder.
+    (pointer,) = status["latest"]
+    assert pointer["hardwareClass"] == t["hardwareClass"] and pointer["target"] == t["name"]
+    assert pointer["uri"].endswith(f"/artifacts/latest/default/classifier/{t['hardwareClass']}.json")
+    doc = __import__("json").loads(Path(pointer["uri"].removeprefix("file://")).read_text())
+    assert doc["digest"] == t["artifact"]["digest"] and doc["uri"] == t["artifact"]["uri"]
     # backend auto on an ONNX source: inductor (which compiles torch modules) is not offered at all
     backends = [c["backend"] for c in t["candidates"]]
     assert "inductor" not in backends and "onnxruntime" in backends
     assert any(n.startswith("inductor: ") and "source is ONNX" in n for n in t["notOffered"])
+    if local_arch() == "amd64":  # the run's class is this machine's: executorch is for arm64 ones
+        assert any(n.startswith("executorch: auto offers it on arm64") for n in t["notOffered"])
     assert "The manifest this run used" in err and "apiVersion: kompile.dev/v1alpha1" in err
     assert "reading the ONNX graph of classifier.onnx" in err and "exporting" not in err
 

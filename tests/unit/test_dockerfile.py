@@ -81,12 +81,22 @@ def test_stage_runs_as_non_root_with_its_entrypoint(stage: str) -> None:
     assert own.index(("USER", "65532:65532")) > last_run
 
 
-def pip_installs() -> dict[str, tuple[str, set[str]]]:
-    """stage -> (constraints file, extras) of its one `pip install`."""
+_PIP = r'pip install --no-cache-dir -c (\S+) "\.\[([a-z0-9,]+)\]"'
+_ON_AMD64 = re.compile(r'if \[ "\$\{TARGETARCH\}" = "amd64" \];\s*then\s+(.*?);\s*fi')
+
+
+def pip_installs(amd64_only: bool = False) -> dict[str, tuple[str, set[str]]]:
+    """stage -> (constraints file, extras) of its `pip install` for every architecture, or with
+    amd64_only of the one inside `if [ "${TARGETARCH}" = "amd64" ]` (stages that have one)."""
     out: dict[str, tuple[str, set[str]]] = {}
     for stage, op, args in instructions():
         if op == "RUN" and "pip install" in args:
-            m = re.search(r'-c (\S+) "\.\[([a-z0-9,]+)\]"', args)
+            guarded = " ".join(_ON_AMD64.findall(args))
+            rest = _ON_AMD64.sub("", args)
+            assert "pip install" not in guarded or re.search(_PIP, guarded), f"{stage}: {guarded}"
+            m = re.search(_PIP, guarded if amd64_only else rest)
+            if m is None and amd64_only:
+                continue
             assert m, f"{stage}: pip install must use the lock as constraints and name extras: {args}"
             out[stage] = (m.group(1), set(m.group(2).split(",")))
     return out
@@ -103,6 +113,37 @@ def test_installs_use_existing_extras_and_ci_lock() -> None:
         assert f"lock={lock}" in setup_venv and (ROOT / lock).is_file()
     assert installs["operator"][1] == {"operator", "s3", "mlflow"}
     assert {"torch", "onnxruntime"} <= installs["compile-cpu"][1]
+
+
+AMD64_ONLY = {"coremltools"}
+"""Pinned distributions with Linux wheels for x86_64 only (coremltools 9.0; checked on PyPI)."""
+
+
+def test_compile_cpu_builds_for_amd64_and_arm64() -> None:
+    """One multi-arch tag (buildx --platform linux/amd64,linux/arm64): the stage reads TARGETARCH,
+    installs amd64-only wheels only there, and arm64's image carries every backend auto offers on
+    arm64 CPU classes."""
+    from kompile.api.catalog import CATALOG, auto_backends
+
+    text = DOCKERFILE.read_text()
+    assert "--platform linux/amd64,linux/arm64 --target compile-cpu" in text
+    own = [(op, a) for s, op, a in instructions() if s == "compile-cpu"]
+    assert ("ARG", "TARGETARCH=amd64") in own
+    assert own.index(("ARG", "TARGETARCH=amd64")) < next(i for i, (op, _) in enumerate(own) if op == "RUN")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def dists(names: set[str]) -> set[str]:
+        return {canonicalize_name(Requirement(r).name) for n in names for r in extras[n]}
+
+    everywhere = pip_installs()["compile-cpu"][1]
+    lock, amd64 = pip_installs(amd64_only=True)["compile-cpu"]
+    assert lock == pip_installs()["compile-cpu"][0] and amd64 == {"coreml"}
+    assert not dists(everywhere) & AMD64_ONLY  # an arm64 build would fail on it
+    assert dists(amd64) & AMD64_ONLY  # nothing installed only on amd64 without need
+    arm64_auto = dists({CATALOG[b].extra for b in auto_backends("cpu", "arm64")})
+    assert arm64_auto <= dists(everywhere), arm64_auto - dists(everywhere)
+    # The GPU and operator images stay single-arch: no per-arch install there.
+    assert set(pip_installs(amd64_only=True)) == {"compile-cpu"}
 
 
 def _closure(names: set[str]) -> set[str]:

@@ -30,6 +30,19 @@ def test_listed_candidates_keep_their_precision_on_its_rung() -> None:
     assert names == ["openvino-int8", "openvino-bf16", "openvino-fp16", "onnxruntime-fp32", "openvino-fp32"]
 
 
+def test_auto_on_an_x86_class_notes_the_backends_it_offers_on_arm64_only() -> None:
+    from kompile.compile_jobs.build import arch_notes
+
+    auto = Target(name="cpu", precision="int8")
+    (note,) = arch_notes(auto, "cpu", "amd64")
+    assert note.startswith("executorch: auto offers it on arm64 CPU classes only")
+    assert "executorch" not in {c.backend for c in candidate_targets(auto, "cpu", "amd64")}
+    assert "executorch" in {c.backend for c in candidate_targets(auto, "cpu", "arm64")}
+    assert arch_notes(auto, "cpu", "arm64") == [] and arch_notes(auto, "cuda", "amd64") == []
+    listed = Target.model_validate({"name": "c", "candidates": [{"backend": "onnxruntime"}]})
+    assert arch_notes(listed, "cpu", "amd64") == []
+
+
 def test_quantization_is_refused_beside_a_float_precision_only() -> None:
     Target(name="a", precision="auto", quantization="dynamic")
     with pytest.raises(ValueError, match="quantization applies only to precision int8"):

@@ -99,7 +99,15 @@ def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
     assert g.tolerations[0]["key"] == "nvidia.com/gpu"
     c = by_name["cpu-arm64-int8"]
     assert not c.gpu and c.target.backend == "auto" and c.node_selector == {"kubernetes.io/arch": "arm64"}
-    assert backends_of(c.target, "cpu") == ["inductor", "onnxruntime", "openvino"]
+    # arm64 edge classes: executorch joins auto there, and only there.
+    assert c.arch == "arm64" and backends_of(c.target, "cpu", c.arch) == [
+        "executorch",
+        "inductor",
+        "onnxruntime",
+        "openvino",
+    ]
+    x86 = by_name["cpu-amd64-int8"]
+    assert backends_of(x86.target, "cpu", x86.arch) == ["inductor", "onnxruntime", "openvino"]
 
 
 def test_explicit_target_keeps_its_selector_and_finds_its_class() -> None:
@@ -165,6 +173,30 @@ def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
         ]
     }
     assert cpu_env["KOMPILE_DEVICE"] == "cpu" and "KOMPILE_TIMING_CACHE_URI" not in cpu_env
+
+
+def test_arm64_class_job_is_pinned_to_arm64_on_the_multi_arch_cpu_image() -> None:
+    model = cm(fleet={"enabled": True, "precisions": ["int8"]})
+    settings = Settings(gpu_image="example/compile-gpu:1", cpu_image="example/compile-cpu:1")
+    by_class = {r.hardware_class: r for r in resolve_targets(model.spec, discover(FLEET))}
+    jobs = {c: build_job(model, by_class[c], "k" * 40, "p", settings) for c in ("cpu-arm64", "cpu-amd64")}
+    arm, x86 = (jobs[c]["spec"]["template"]["spec"] for c in ("cpu-arm64", "cpu-amd64"))
+    assert arm["nodeSelector"] == {"kubernetes.io/arch": "arm64"}
+    assert x86["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    # One multi-arch tag: each node pulls its own architecture's variant of it.
+    assert arm["containers"][0]["image"] == x86["containers"][0]["image"] == "example/compile-cpu:1"
+    env = {e["name"]: e["value"] for e in arm["containers"][0]["env"]}
+    assert env["KOMPILE_ARCH"] == "arm64" and JobSpec.from_env(env).arch == "arm64"
+    # The cache key's versions follow the class's candidates: executorch's only on arm64.
+    assert "executorch" in backends_of(by_class["cpu-arm64"].target, "cpu", JobSpec.from_env(env).arch)
+    # An explicit target pins an architecture only through its own selector.
+    free = cm(targets=[{"name": "cpu", "backend": "onnxruntime"}])
+    (rt,) = resolve_targets(free.spec, discover(FLEET))
+    env = {
+        e["name"]: e["value"]
+        for e in build_job(free, rt, "k", "p", settings)["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert rt.arch is None and "KOMPILE_ARCH" not in env
 
 
 def test_auto_target_on_a_gpu_selector_is_a_gpu_target() -> None:

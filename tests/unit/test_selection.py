@@ -24,11 +24,14 @@ def lat(batch: int, p50: float, p90: float | None = None) -> LatencyStats:
 def test_auto_expands_to_the_class_defaults_and_explicit_backends_stay_single() -> None:
     auto = Target(name="t", precision="bf16")
     assert is_multi(auto) and target_device(auto) == "cpu"
-    assert [c.name for c in candidate_targets(auto, "cpu")] == [
+    assert [c.name for c in candidate_targets(auto, "cpu", "amd64")] == [
         "onnxruntime-bf16",
         "openvino-bf16",
         "inductor-bf16",
     ]
+    # arm64 classes add ExecuTorch; an unknown arch (an unpinned target's cache key) may be either.
+    arm = [c.name for c in candidate_targets(auto, "cpu", "arm64")]
+    assert "executorch-bf16" in arm and arm == [c.name for c in candidate_targets(auto, "cpu")]
     assert [c.backend for c in candidate_targets(auto, "cuda")] == ["tensorrt", "inductor"]
     single = Target(name="t", backend="tensorrt")
     assert not is_multi(single) and target_device(single) == "cuda"

@@ -41,6 +41,8 @@ __all__ = [
     "SourceKind",
     "TargetBackendName",
     "auto_backends",
+    "auto_left_out",
+    "auto_summary",
     "check_options",
     "entry",
     "options_for",
@@ -74,10 +76,30 @@ def entry(name: str) -> BackendEntry:
         raise ValueError(f"unknown backend {name!r}; use one of {list(CATALOG)}") from None
 
 
-def auto_backends(device: str) -> tuple[str, ...]:
-    """The backends `auto` offers on a device, in their tie-breaking order."""
-    offered = [e for e in CATALOG.values() if device in e.auto_on and not e.stand_in]
+def auto_backends(device: str, arch: str | None = None) -> tuple[str, ...]:
+    """The backends `auto` offers on a class of this device and architecture (`kubernetes.io/arch`),
+    in their tie-breaking order. arch None: an unknown one, so every backend some class of the
+    device may be offered (what option checks and cache keys of unpinned targets need)."""
+    offered = [e for e in CATALOG.values() if e.auto_offered(device, arch)]
     return tuple(e.name for e in sorted(offered, key=lambda e: (e.auto_rank, e.name)))
+
+
+def auto_left_out(device: str, arch: str) -> list[tuple[str, str]]:
+    """(backend, why) for each backend auto offers on this device elsewhere but not on this arch."""
+    return [
+        (e.name, e.auto_arches_why or f"auto offers it on {', '.join(e.auto_arches)} classes only")
+        for e in CATALOG.values()
+        if e.auto_offered(device, None) and not e.auto_offered(device, arch)
+    ]
+
+
+def auto_summary(device: str) -> str:
+    """What auto offers on a device in words, for help texts: 'a, b (and c on arm64)'."""
+    everywhere = [n for n in auto_backends(device) if not CATALOG[n].auto_arches]
+    some = [
+        f"{n} on {'/'.join(CATALOG[n].auto_arches)}" for n in auto_backends(device) if CATALOG[n].auto_arches
+    ]
+    return ", ".join(everywhere) + (f" (and {', '.join(some)})" if some else "")
 
 
 def _auto_union() -> list[BackendEntry]:

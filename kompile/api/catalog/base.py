@@ -134,6 +134,10 @@ class BackendEntry:
     """Devices whose `backend: auto` targets offer it as a candidate."""
     auto_rank: int = 100
     """Order among a device's auto candidates (lower first); only breaks ties in the selection."""
+    auto_arches: tuple[str, ...] = ()
+    """Architectures (`kubernetes.io/arch` values) of the classes whose auto offers it; empty: all."""
+    auto_arches_why: str | None = None
+    """Why auto leaves it out on other architectures: the target's `notOffered` says so there."""
     stand_in: bool = False
     """A stand-in for tests and dry runs, never offered by auto and never served."""
     for_devices: bool = False
@@ -147,6 +151,11 @@ class BackendEntry:
     @property
     def validates(self) -> bool:
         return self.exported_note is None
+
+    def auto_offered(self, device: str, arch: str | None) -> bool:
+        """Whether auto offers it on a class of this device and architecture (None: any arch)."""
+        arch_ok = arch is None or not self.auto_arches or arch in self.auto_arches
+        return device in self.auto_on and not self.stand_in and arch_ok
 
     @property
     def gpu_only(self) -> bool:
