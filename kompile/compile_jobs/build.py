@@ -99,8 +99,14 @@ class _Tournament:
         ladder = target.precision == AUTO
         passed: str | None = None
         not_tried: list[str] = []
-        ts.not_offered += arch_notes(target, self.device, self.ctx.arch)[:_NOT_OFFERED_MAX]
+        served = _served(self.ctx.cm)
+        notes = arch_notes(target, self.device, self.ctx.arch) + device_only_notes(
+            target, self.device, self.ctx.arch, served
+        )
+        ts.not_offered += notes[:_NOT_OFFERED_MAX]
         for cand in candidate_targets(target, self.device, self.ctx.arch):
+            if served and _auto_device_only(target, cand.backend):
+                continue
             if ladder and passed is not None and cand.precision != passed:
                 if cand.precision not in not_tried:
                     not_tried.append(cand.precision)
@@ -179,6 +185,30 @@ def arch_notes(target: Target, device: str, arch: str | None) -> list[str]:
     if arch is None or target.backend != AUTO or target.candidates:
         return []
     return [f"{name}: {why}" for name, why in auto_left_out(device, arch)]
+
+
+def _served(cm: CompiledModel) -> bool:
+    return cm.spec.rollout is not None and cm.spec.rollout.enabled
+
+
+def _auto_device_only(target: Target, backend: str) -> bool:
+    """An auto candidate whose artifact only devices run (catalog serving None: ExecuTorch, Core
+    ML): on a class KServe serves it could win and leave the class with nothing to roll out."""
+    return target.backend == AUTO and not target.candidates and CATALOG[backend].serving is None
+
+
+def device_only_notes(target: Target, device: str, arch: str | None, served: bool) -> list[str]:
+    """What auto leaves out because KServe serves the class (spec.rollout.enabled), one per backend."""
+    if not served:
+        return []
+    left = dict.fromkeys(
+        c.backend for c in candidate_targets(target, device, arch) if _auto_device_only(target, c.backend)
+    )
+    return [
+        f"{b}: its artifacts run on devices, not KServe, and spec.rollout serves this class "
+        "(list it in spec.targets[].candidates to build it anyway)"
+        for b in left
+    ]
 
 
 def _validated(cs: TargetStatus) -> bool:

@@ -11,6 +11,7 @@ from kompile.api.candidates import backends_of, candidate_targets, is_multi, tar
 from kompile.api.job_contract import TERMINATION_LIMIT, compact_result, parse_compact
 from kompile.api.spec import Selection, Target
 from kompile.api.status import CandidateStatus, LatencyStats, SelectionStatus, TargetStatus
+from kompile.compile_jobs.build import _auto_device_only, device_only_notes
 from kompile.compile_jobs.selection import select
 
 
@@ -204,3 +205,16 @@ def test_compact_result_is_bounded_whatever_the_status_holds() -> None:
     assert len(text.encode()) <= TERMINATION_LIMIT
     back, digest, _ = parse_compact(text)
     assert (back.name, back.phase, back.backend) == (long, "Succeeded", "openvino") and digest
+
+
+def test_a_served_class_leaves_device_only_backends_out_of_auto() -> None:
+    """On an arm64 class KServe serves, an ExecuTorch winner would leave nothing to roll out: auto
+    leaves it out and says why; listed candidates are built as written; unserved classes keep it."""
+    auto = Target(name="t", precision="int8")
+    notes = device_only_notes(auto, "cpu", "arm64", served=True)
+    assert len(notes) == 1 and notes[0].startswith("executorch: its artifacts run on devices, not KServe")
+    assert device_only_notes(auto, "cpu", "arm64", served=False) == []
+    assert device_only_notes(auto, "cpu", "amd64", served=True) == []  # not offered there anyway
+    assert _auto_device_only(auto, "executorch") and not _auto_device_only(auto, "onnxruntime")
+    listed = Target.model_validate({"name": "t", "candidates": [{"backend": "executorch"}]})
+    assert not _auto_device_only(listed, "executorch")
