@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kompile.api.catalog import CATALOG
-from kompile.api.toolchain import PINNED
+from kompile.api.toolchain import pinned_for
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -27,10 +27,10 @@ def _csv(value: str | None) -> list[str]:
 
 
 def default_backend_versions(gpu_tensorrt_version: str | None = None) -> dict[str, str]:
-    """Each catalog backend's version as its compile image carries it: the lock files' pins, and
-    TensorRT's from the GPU image setting."""
-    known: Mapping[str, str] = PINNED | ({"tensorrt": gpu_tensorrt_version} if gpu_tensorrt_version else {})
-    return {name: e.version_string(known) for name, e in CATALOG.items()}
+    """Each catalog backend's version as its compile image carries it: the lock files' pins (its own
+    environment's for a backend that has one), and TensorRT's from the GPU image setting."""
+    gpu: dict[str, str] = {"tensorrt": gpu_tensorrt_version} if gpu_tensorrt_version else {}
+    return {name: e.version_string(pinned_for(e.environment) | gpu) for name, e in CATALOG.items()}
 
 
 @dataclass(frozen=True)
