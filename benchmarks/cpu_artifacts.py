@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -336,6 +337,7 @@ def machine(threads: int) -> dict[str, Any]:
         "cpu_features": cpu_features(),
         "isa": isa(),
         "threads": threads,
+        "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
     }

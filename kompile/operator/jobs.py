@@ -12,6 +12,8 @@ import re
 from typing import Any
 
 from kompile.api.cache import prefix_root
+from kompile.api.candidates import backends_of
+from kompile.api.catalog import CATALOG
 from kompile.api.job_contract import TIMING_CACHES, ExitCode, JobSpec
 from kompile.api.resource import API_VERSION, KIND, CompiledModel
 from kompile.operator.settings import Settings
@@ -97,6 +99,18 @@ def _secret_name(cm: CompiledModel, settings: Settings) -> str | None:
     return settings.store_secret
 
 
+def image_for(rt: ResolvedTarget, settings: Settings) -> str:
+    """The compile image of a target: the GPU one, else the image of the first own environment its
+    candidates need (KOMPILE_ENV_IMAGES; it carries the CPU image's backends too), else the CPU one."""
+    if rt.gpu:
+        return settings.gpu_image
+    for backend in backends_of(rt.target, "cpu"):
+        environment = CATALOG[backend].environment
+        if environment:
+            return settings.env_images.get(environment, settings.cpu_image)
+    return settings.cpu_image
+
+
 def build_job(
     cm: CompiledModel, rt: ResolvedTarget, cache_key: str, prefix: str, settings: Settings
 ) -> dict[str, Any]:
@@ -113,7 +127,7 @@ def build_job(
     }
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": settings.gpu_image if rt.gpu else settings.cpu_image,
+        "image": image_for(rt, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["kompile-job"],
         "env": _env(cm, rt, prefix, settings),
