@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
-# Three images from one file, one target each:
-#   docker build --target operator    -t ghcr.io/kompile/operator:0.1.0    .
+# Four images from one file, one target each:
+#   docker build --target operator       -t ghcr.io/kompile/operator:0.1.0       .
 #   docker buildx build --platform linux/amd64,linux/arm64 --target compile-cpu \
 #     -t ghcr.io/kompile/compile-cpu:0.1.0 --push .
-#   docker build --target compile-gpu -t ghcr.io/kompile/compile-gpu:0.1.0 .
+#   docker build --target compile-litert -t ghcr.io/kompile/compile-litert:0.1.0 .
+#   docker build --target compile-gpu    -t ghcr.io/kompile/compile-gpu:0.1.0    .
 # compile-cpu is one multi-arch tag: arm64 edge classes pull its arm64 variant (the operator sets
 # the same image on every CPU class and pins the architecture with the Job's nodeSelector).
 # No Docker engine runs in CI: tests/unit/test_dockerfile.py lints this file with hadolint and checks
@@ -69,6 +70,24 @@ RUN pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnxruntime,ope
     fi
 # The example models, so python://models.small:small_cnn resolves as it does in the examples.
 COPY examples/models models
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]
+
+# ---------------------------------------------------------------------------------------------------
+# The CPU compile image plus the litert backend's own environment (litert-torch 0.10 needs torch <
+# 2.15): requirements/env-litert.txt built by the same script as locally, at a fixed path that
+# KOMPILE_ENV_LITERT names; the pipeline calls its python as a subprocess. The operator's
+# KOMPILE_ENV_IMAGES (default litert=ghcr.io/kompile/compile-litert:0.1.0) sends targets with a
+# litert candidate here. About 6.6 GB more (a second torch).
+FROM compile-cpu AS compile-litert
+USER 0
+WORKDIR /opt/kompile
+COPY requirements/env-litert.txt requirements/env-litert.txt
+COPY scripts/setup-backend-env.sh scripts/setup-backend-env.sh
+RUN PIP_NO_CACHE_DIR=1 KOMPILE_CACHE=/opt/kompile/envs scripts/setup-backend-env.sh litert > /tmp/env-path \
+    && ln -s "$(cat /tmp/env-path)" /opt/kompile/envs/litert \
+    && rm /tmp/env-path
+ENV KOMPILE_ENV_LITERT=/opt/kompile/envs/litert
 USER 65532:65532
 ENTRYPOINT ["kompile-job"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -27,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 from kompile.api.spec import Precision, Target  # noqa: E402
 from kompile.api.vocabulary import Quantization  # noqa: E402
+from kompile.compile_jobs import benchmark  # noqa: E402
 from kompile.compile_jobs.backends.base import Feeds, Runner, get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import QuietRounds, set_threads, time_interleaved  # noqa: E402
 from kompile.compile_jobs.build import compile_request  # noqa: E402
@@ -130,7 +132,7 @@ def torch_call(model: Any, feeds: Feeds) -> Callable[[], Array]:
 
 
 def runner_call(runner: Runner, feeds: Feeds) -> Callable[[], object]:
-    return lambda: runner.run(feeds)
+    return benchmark.runner_call(runner, feeds)
 
 
 def validation_figures(
@@ -335,6 +337,7 @@ def machine(threads: int) -> dict[str, Any]:
         "cpu_features": cpu_features(),
         "isa": isa(),
         "threads": threads,
+        "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
     }

@@ -1,7 +1,9 @@
 """The edge runtimes beside eager and ONNX Runtime on this machine's CPU; prints JSON.
 
 For each model at batch 1 (the edge's usual call): ExecuTorch (XNNPACK) fp32 and int8 `.pte`
-programs built by kompile's executorch backend, ONNX Runtime fp32 and int8 static built by its
+programs built by kompile's executorch backend, LiteRT fp32, int8 static (full-integer) and int8
+dynamic `.tflite` models built by its litert backend in its own environment (timed in that
+process), ONNX Runtime fp32 and int8 static built by its
 onnxruntime backend, and eager PyTorch, each validated against eager (cosine and errors), with the
 artifact's bytes and compile seconds, all timed in the same interleaved rounds (cpu_artifacts'
 machinery: pauses before each timed call, rounds disturbed by other processes dropped). The CPU's
@@ -18,6 +20,7 @@ pretrained models from requirements/pretrained.txt, where quantization shows wha
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from functools import partial
@@ -48,6 +51,10 @@ from kompile.compile_jobs.build import compile_request  # noqa: E402
 EDGE: list[tuple[str, Precision, Quantization | None]] = [
     ("executorch-fp32", "fp32", None),
     ("executorch-int8", "int8", "static"),
+    # LiteRT in its own environment (scripts/setup-backend-env.sh litert): timed in that process.
+    ("litert-fp32", "fp32", None),
+    ("litert-int8", "int8", "static"),
+    ("litert-int8-dynamic", "int8", "dynamic"),
 ]
 ORT = [(n, p, q, {}) for n, p, q in ARTIFACTS if n in ("ort-fp32", "ort-int8-static")]
 
@@ -61,12 +68,13 @@ def static_signature(run: CaseRun) -> list[InputSpec]:
     ]
 
 
-def add_executorch(run: CaseRun) -> None:
-    """Build, load and validate each ExecuTorch program (the reference inputs calibrate int8)."""
-    backend = get_backend("executorch")
+def add_edge(run: CaseRun) -> None:
+    """Build, load and validate each ExecuTorch program and LiteRT model (the reference inputs
+    calibrate int8)."""
     signature = static_signature(run)
     for name, precision, quantization in EDGE:
-        target = Target(name=name, backend="executorch", precision=precision, quantization=quantization)
+        backend = get_backend(name.split("-")[0])
+        target = Target(name=name, backend=backend.name, precision=precision, quantization=quantization)
         start = time.perf_counter()
         request = compile_request(
             target,
@@ -94,13 +102,15 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
         add_artifacts(
             ORT, run.onnx_path, work / case.name, threads, run.feeds, run.reference, run.runtimes, run.callers
         )
-        add_executorch(run)
+        add_edge(run)
 
     report = measure_case(case, args, work, threads, runtimes, reference_batch=1)
     report["best"] = best_validated(report)
-    fp32, int8 = (report["runtimes"][n].get("bytes") for n in ("executorch-fp32", "executorch-int8"))
-    if fp32 and int8:
-        report["executorch_int8_bytes_ratio"] = round(int8 / fp32, 3)
+    report["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
+    for backend in ("executorch", "litert"):
+        fp32, int8 = (report["runtimes"].get(f"{backend}-{p}", {}).get("bytes") for p in ("fp32", "int8"))
+        if fp32 and int8:
+            report[f"{backend}_int8_bytes_ratio"] = round(int8 / fp32, 3)
     return report
 
 

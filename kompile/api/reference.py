@@ -89,8 +89,14 @@ def _backend_section(e: BackendEntry, out: list[str]) -> None:
         f"- devices: {', '.join(e.devices)}; precisions: {', '.join(sorted(e.precisions))}; compiles: "
         f"the {'ONNX export' if e.consumes == 'onnx' else 'torch module'}",
         f"- offered by `auto` on: {auto}; serving: {serving}",
-        f"- install: `pip install 'kompile[{e.extra}]'`; its version (cache key) from: "
-        f"{', '.join(e.version_from)}",
+        f"- install: `pip install 'kompile[{e.extra}]'`"
+        + (
+            f", and its own environment: `scripts/setup-backend-env.sh {e.environment}` "
+            f"(requirements/env-{e.environment}.txt; in the cluster, the image KOMPILE_ENV_IMAGES names)"
+            if e.environment
+            else ""
+        )
+        + f"; its version (cache key) from: {', '.join(e.version_from)}",
         "",
         "| option | values | default | description |",
         "| --- | --- | --- | --- |",

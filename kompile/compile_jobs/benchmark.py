@@ -10,12 +10,21 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from kompile.api.status import LatencyStats
 
 Clock = Callable[[], int]
+
+
+@dataclass(frozen=True)
+class SelfTimed:
+    """What a timed fn returns when it measured its call itself: a runtime in another process (a
+    backend's own environment) times the call there, so the pipe's round trip is not counted."""
+
+    ns: int
 
 
 def available_cores() -> int:
@@ -134,7 +143,8 @@ def time_interleaved(
     timed one wake this runtime's own pool, so every timed call sees the runtime in the steady
     state a server keeps it in. `quiet` drops rounds that other processes disturbed; a whole
     round goes, so every fn keeps the same rounds. `stability` keeps timing in windows until each
-    fn's figure settles (and marks those that never did); it replaces `iterations`.
+    fn's figure settles (and marks those that never did); it replaces `iterations`. A fn that
+    returns SelfTimed is timed by its own measure.
     """
     if iterations < 1:
         raise ValueError("iterations must be at least 1")
@@ -224,12 +234,21 @@ def _timed_round(
         for _ in range(settle):
             fns[name]()
         start = clock()
-        fns[name]()
-        durations[name] = clock() - start
+        result = fns[name]()
+        durations[name] = result.ns if isinstance(result, SelfTimed) else clock() - start
     after = probe()
     if before is None or after is None:
         return 0.0, durations
     return (after - before) / max(time.perf_counter() - wall, 1e-9), durations
+
+
+def runner_call(runner: Any, feed: Mapping[str, Any]) -> Callable[[], object]:
+    """One call of `runner` on `feed` to time: its own measure where it has one (a `timed` method,
+    as a runner in a backend's own environment has), else the call itself."""
+    timed = getattr(runner, "timed", None)
+    if callable(timed):
+        return lambda: timed(feed)
+    return lambda: runner.run(feed)
 
 
 def rotating_orders(names: list[str], rounds: int) -> list[list[str]]:

@@ -355,7 +355,8 @@ def compile_step(
         artifact = backend.compile(request)
         runner = backend.load(artifact, ctx.threads, device) if backend.entry.validates else None
     except (BackendError, OptionsError) as err:
-        _fail(ts, "CompileFailed", err)
+        # A backend's own environment names its failures (EnvironmentMissing, EnvironmentFailed).
+        _fail(ts, getattr(err, "reason", "CompileFailed"), err)
         return None
     ts.compile_seconds = round(time.perf_counter() - started, 3)
     return artifact, runner
@@ -434,7 +435,7 @@ def run_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatus
     try:
         outputs = [runner.run(f) for f in ctx.reference.inputs]
     except RUN_ERRORS as err:
-        _fail(ts, "RuntimeFailed", err)
+        _fail(ts, getattr(err, "reason", "RuntimeFailed"), err)
         return None
     return ctx.reference.with_outputs(f"{target.backend}-{target.precision}", outputs)
 

@@ -106,7 +106,7 @@ def _runs_at(t: Timed, feed: inputs.Feed, batch: int, reporter: StageReporter) -
 
 
 def _runner_call(runner: Runner, feed: inputs.Feed) -> Callable[[], object]:
-    return lambda: runner.run(feed)
+    return bench.runner_call(runner, feed)
 
 
 def _reference_call(

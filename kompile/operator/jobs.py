@@ -12,6 +12,8 @@ import re
 from typing import Any
 
 from kompile.api.cache import prefix_root
+from kompile.api.candidates import backends_of
+from kompile.api.catalog import CATALOG
 from kompile.api.job_contract import TIMING_CACHES, ExitCode, JobSpec
 from kompile.api.resource import API_VERSION, KIND, CompiledModel
 from kompile.operator.settings import Settings
@@ -83,10 +85,18 @@ def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Setti
 
 
 def compile_image(rt: ResolvedTarget, settings: Settings) -> str:
-    """The compile image for the target's class. The CPU image is one multi-arch tag (the
-    Dockerfile's compile-cpu stage, built for amd64 and arm64): each node pulls its own
-    architecture's variant, and the Job's nodeSelector pins the architecture."""
-    return settings.gpu_image if rt.gpu else settings.cpu_image
+    """The compile image of a target: the GPU one, else the image of the first own environment its
+    candidates need (KOMPILE_ENV_IMAGES; it carries the CPU image's backends too), else the CPU
+    one. The CPU image is one multi-arch tag (the Dockerfile's compile-cpu stage, built for amd64
+    and arm64): each node pulls its own architecture's variant, and the Job's nodeSelector pins
+    the architecture."""
+    if rt.gpu:
+        return settings.gpu_image
+    for backend in backends_of(rt.target, "cpu", rt.arch):
+        environment = CATALOG[backend].environment
+        if environment:
+            return settings.env_images.get(environment, settings.cpu_image)
+    return settings.cpu_image
 
 
 def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:

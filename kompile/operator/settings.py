@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kompile.api.catalog import CATALOG
-from kompile.api.toolchain import PINNED
+from kompile.api.toolchain import pinned_for
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -27,10 +27,10 @@ def _csv(value: str | None) -> list[str]:
 
 
 def default_backend_versions(gpu_tensorrt_version: str | None = None) -> dict[str, str]:
-    """Each catalog backend's version as its compile image carries it: the lock files' pins, and
-    TensorRT's from the GPU image setting."""
-    known: Mapping[str, str] = PINNED | ({"tensorrt": gpu_tensorrt_version} if gpu_tensorrt_version else {})
-    return {name: e.version_string(known) for name, e in CATALOG.items()}
+    """Each catalog backend's version as its compile image carries it: the lock files' pins (its own
+    environment's for a backend that has one), and TensorRT's from the GPU image setting."""
+    gpu: dict[str, str] = {"tensorrt": gpu_tensorrt_version} if gpu_tensorrt_version else {}
+    return {name: e.version_string(pinned_for(e.environment) | gpu) for name, e in CATALOG.items()}
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,17 @@ class Settings:
     """KOMPILE_CPU_IMAGE: compile image for CPU backends; one multi-arch tag (amd64 and arm64)."""
     gpu_image: str = "ghcr.io/kompile/compile-gpu:0.1.0"
     """KOMPILE_GPU_IMAGE: compile image for GPU backends (tensorrt, inductor on CUDA)."""
+    env_images: dict[str, str] = field(
+        default_factory=lambda: {
+            e.environment: f"ghcr.io/kompile/compile-{e.environment}:0.1.0"
+            for e in CATALOG.values()
+            if e.environment
+        }
+    )
+    """KOMPILE_ENV_IMAGES: compile image per own environment (name=image pairs, comma-separated;
+    given ones replace the defaults `ghcr.io/kompile/compile-<name>:0.1.0`, the Dockerfile's
+    compile-<name> stage): a CPU target whose candidates include a backend with its own environment
+    (litert) runs there; that image is the CPU one plus the environment (KOMPILE_ENV_<NAME>)."""
     image_pull_policy: str = "IfNotPresent"
     """KOMPILE_IMAGE_PULL_POLICY."""
     artifact_store: str = "file:///var/lib/kompile/artifacts"
@@ -114,6 +125,10 @@ class Settings:
         e = dict(os.environ if env is None else env)
         d = cls()
         versions = default_backend_versions(e.get("KOMPILE_GPU_TENSORRT_VERSION") or None)
+        env_images = dict(d.env_images)
+        for pair in _csv(e.get("KOMPILE_ENV_IMAGES")):
+            name, _, image = pair.partition("=")
+            env_images[name.strip()] = image.strip()
         for pair in _csv(e.get("KOMPILE_BACKEND_VERSIONS")):
             name, _, version = pair.partition("=")
             versions[name.strip()] = version.strip()
@@ -121,6 +136,7 @@ class Settings:
             namespaces=_csv(e.get("KOMPILE_NAMESPACES")),
             cpu_image=e.get("KOMPILE_CPU_IMAGE", d.cpu_image),
             gpu_image=e.get("KOMPILE_GPU_IMAGE", d.gpu_image),
+            env_images=env_images,
             image_pull_policy=e.get("KOMPILE_IMAGE_PULL_POLICY", d.image_pull_policy),
             artifact_store=e.get("KOMPILE_ARTIFACT_STORE", d.artifact_store),
             s3_endpoint=e.get("KOMPILE_S3_ENDPOINT") or None,

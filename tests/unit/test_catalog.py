@@ -21,7 +21,7 @@ from kompile.api.catalog import (
     entry,
     options_for,
 )
-from kompile.api.toolchain import IMAGE_PROVIDED, PINNED
+from kompile.api.toolchain import ENVIRONMENT_PINNED, IMAGE_PROVIDED, PINNED
 from kompile.compile_jobs import backends as backend_pkg
 from kompile.compile_jobs.backends.base import Backend, get_backend
 
@@ -80,12 +80,29 @@ def _pin(dist: str) -> str | None:
 
 
 def test_cache_key_versions_are_the_lock_files_pins() -> None:
-    dists = {d for e in CATALOG.values() for d in e.version_from} - IMAGE_PROVIDED
+    dists = {d for e in CATALOG.values() if not e.environment for d in e.version_from} - IMAGE_PROVIDED
     assert set(PINNED) == dists
     for dist in dists:
         assert PINNED[dist] == _pin(dist), (
             f"kompile/api/toolchain.py PINNED[{dist!r}] drifted from the lock files"
         )
+
+
+def test_own_environments_key_with_their_own_pins() -> None:
+    """A backend with its own environment keys the cache with requirements/env-<name>.txt's pins
+    (litert's torch is 2.14.1, not the project's 2.15.0)."""
+    from kompile.operator.settings import Settings
+
+    envs = {e.environment for e in CATALOG.values() if e.environment}
+    assert envs == set(ENVIRONMENT_PINNED)
+    for e in (e for e in CATALOG.values() if e.environment):
+        lines = (ROOT / "requirements" / f"env-{e.environment}.txt").read_text().splitlines()
+        pins = {ln.split("==")[0].lower(): ln.split("==")[1] for ln in lines if "==" in ln}
+        own = ENVIRONMENT_PINNED[e.environment or ""]
+        assert set(own) == set(e.version_from)
+        assert all(pins[d] == v for d, v in own.items()), f"env-{e.environment}.txt drifted from {own}"
+        assert Settings().backend_versions[e.name] == e.version_string(own)
+    assert Settings().backend_versions["litert"].endswith("+torch=2.14.1")
 
 
 @pytest.mark.parametrize("name", ["onnxruntime", "inductor", "null"])
@@ -109,6 +126,7 @@ def test_tensorrt_version_comes_from_the_gpu_image_setting() -> None:
 def test_auto_offers_each_device_its_candidates() -> None:
     # executorch joins only on arm64 CPU classes (edge boxes); on x86-64 servers the winner stays
     # one KServe can serve, and executorch's int8 there was within noise of ONNX Runtime's.
+    # litert joins nowhere: its int8 matched ONNX Runtime's on x86-64 (docs/backends.md).
     assert auto_backends("cpu", "amd64") == ("onnxruntime", "openvino", "inductor")
     assert auto_backends("cpu", "arm64") == ("onnxruntime", "openvino", "inductor", "executorch")
     assert auto_backends("cpu") == auto_backends("cpu", "arm64")  # unknown arch: any class's

@@ -18,7 +18,14 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
-STAGES = {"operator": ["kompile", "operator"], "compile-cpu": ["kompile-job"], "compile-gpu": ["kompile-job"]}
+STAGES = {
+    "operator": ["kompile", "operator"],
+    "compile-cpu": ["kompile-job"],
+    "compile-litert": ["kompile-job"],
+    "compile-gpu": ["kompile-job"],
+}
+ENV_STAGES = {"compile-litert": "litert"}
+"""Stages that add a backend's own environment to the CPU image (no pip install of their own)."""
 HEAVY = {"torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "tensorrt", "onnx"}
 
 
@@ -65,6 +72,7 @@ def test_base_images_are_pinned() -> None:
     # Exact Python patch release and Debian release: a rebuild cannot move either silently.
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", images["operator"]), images
     assert images["compile-cpu"] == images["operator"]
+    assert images["compile-litert"] == "compile-cpu"  # the CPU image plus the environment
     # A monthly NGC release; TensorRT plans are tied to its TensorRT version.
     assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d{2}\.\d{2}-py3", images["compile-gpu"]), images
 
@@ -105,7 +113,7 @@ def pip_installs(amd64_only: bool = False) -> dict[str, tuple[str, set[str]]]:
 def test_installs_use_existing_extras_and_ci_lock() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     installs = pip_installs()
-    assert set(installs) == set(STAGES)
+    assert set(installs) == set(STAGES) - set(ENV_STAGES)
     setup_venv = (ROOT / "scripts" / "setup-venv.sh").read_text()
     for stage, (lock, wanted) in installs.items():
         assert wanted <= set(extras), f"{stage}: extras {wanted - set(extras)} not in pyproject.toml"
@@ -174,6 +182,20 @@ def test_operator_image_holds_no_torch_or_compiler() -> None:
     # The walk reached the installed dependencies (a broken walk would pass vacuously).
     assert {"kopf", "kubernetes", "boto3", "mlflow", "sqlalchemy"} <= closure
     assert not closure & HEAVY, closure & HEAVY
+
+
+@pytest.mark.parametrize("stage", sorted(ENV_STAGES))
+def test_environment_stages_build_the_pinned_environment_the_pipeline_finds(stage: str) -> None:
+    from kompile.compile_jobs.env_protocol import env_var
+    from kompile.operator.settings import Settings
+
+    name = ENV_STAGES[stage]
+    own = [(op, a) for s, op, a in instructions() if s == stage]
+    assert ("COPY", f"requirements/env-{name}.txt requirements/env-{name}.txt") in own
+    assert any(op == "RUN" and f"scripts/setup-backend-env.sh {name}" in a for op, a in own)
+    envs = [a for op, a in own if op == "ENV"]
+    assert any(a.startswith(f"{env_var(name)}=") for a in envs)
+    assert Settings().env_images[name].split("/")[-1].startswith(f"{stage}:")
 
 
 def test_dockerignore_lets_in_what_is_copied_and_nothing_secret() -> None:

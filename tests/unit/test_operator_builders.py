@@ -151,6 +151,39 @@ def test_job_manifest() -> None:
     assert job_name("resnet", "u-1", 4, "cpu") != job["metadata"]["name"]
 
 
+def test_a_target_with_an_own_environment_backend_runs_in_that_environments_image() -> None:
+    """litert runs in its own environment: its Job gets the compile-litert image (KOMPILE_ENV_IMAGES),
+    a CPU target without it the CPU image."""
+    model = cm(
+        fleet={"enabled": True},
+        targets=[
+            {
+                "name": "edge",
+                "backend": "auto",
+                "candidates": [{"backend": "onnxruntime"}, {"backend": "litert"}],
+            },
+            {"name": "plain", "backend": "onnxruntime"},
+        ],
+    )
+    settings = Settings.from_env({"KOMPILE_CPU_IMAGE": "example/compile-cpu:1"})
+    assert settings.env_images == {"litert": "ghcr.io/kompile/compile-litert:0.1.0"}
+    custom = Settings.from_env({"KOMPILE_ENV_IMAGES": "litert=example/compile-litert:2"})
+    images = {}
+    for rt in resolve_targets(model.spec, discover(FLEET)):
+        if not rt.gpu:
+            job = build_job(model, rt, "k" * 40, "s3://bucket/cache/ns/k", settings)
+            images[rt.target.name] = job["spec"]["template"]["spec"]["containers"][0]["image"]
+            if rt.target.name == "edge":
+                other = build_job(model, rt, "k" * 40, "s3://bucket/cache/ns/k", custom)
+                assert (
+                    other["spec"]["template"]["spec"]["containers"][0]["image"] == "example/compile-litert:2"
+                )
+    assert (
+        images["edge"] == "ghcr.io/kompile/compile-litert:0.1.0"
+        and images["plain"] == "example/compile-cpu:1"
+    )
+
+
 def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
     """The CUDA path's Job: GPU image, device cuda for the candidates, GPU limit and toleration."""
     model = cm(fleet={"enabled": True, "precisions": ["fp16"]})

@@ -124,7 +124,8 @@ class BackendEntry:
     consumes: SourceKind
     options: type[BackendOptions]
     extra: str
-    """pip extra that installs what it needs: pip install 'kompile[<extra>]'."""
+    """pip extra that installs what it needs: pip install 'kompile[<extra>]' (for a backend with its
+    own `environment`, what the pipeline's side needs to hand it the model)."""
     version_from: tuple[str, ...]
     """Python distributions whose versions shape its artifacts (the compiler first): they key the
     compile cache, so an upgrade compiles afresh."""
@@ -143,6 +144,11 @@ class BackendEntry:
     for_devices: bool = False
     """Its artifacts run on devices that fetch them from the store (phones, boards, Macs), not on
     KServe: the operator never rolls them out."""
+    environment: str | None = None
+    """Its own environment, for a backend whose dependencies conflict with the project's (another
+    torch pin): built from requirements/env-<environment>.txt by scripts/setup-backend-env.sh, run
+    by the pipeline as a subprocess (kompile.compile_jobs.environments), and in the cluster the
+    image KOMPILE_ENV_IMAGES names for it. Its `version_from` distributions are read there."""
     exported_note: str | None = None
     """Set for an export-only backend (no runtime for its artifacts on the classes kompile compiles
     on): each artifact is recorded with phase Exported and this message, unvalidated, and is never

@@ -151,7 +151,12 @@ class Backend(ABC):
         return None
 
     def installed_versions(self) -> dict[str, str]:
-        """Versions of the entry's distributions as installed here (absent ones left out)."""
+        """Versions of the entry's distributions as installed here, or in its own environment
+        (absent ones left out)."""
+        if self.entry.environment:
+            from kompile.compile_jobs import environments
+
+            return environments.installed_versions(self.entry.environment, self.entry.version_from)
         out = {}
         for dist in self.entry.version_from:
             try:

@@ -79,6 +79,24 @@ def static_example(request: CompileRequest) -> tuple[tuple[torch.Tensor, ...], d
     return args, record
 
 
+def device_example(
+    request: CompileRequest, backend: str, intra_op_threads: int
+) -> tuple[tuple[torch.Tensor, ...], dict[str, str]]:
+    """What a device backend (a program exported at static shapes from the torch module) starts
+    from: `static_example`, with the input dtypes and the thread count recorded; a BackendError
+    for an ONNX source."""
+    if request.module is None:
+        raise BackendError(
+            f"target {request.target.name!r}: {backend} compiles from a PyTorch source (an nn.Module, "
+            "a torch.export .pt2 or a python:// factory) and this source is ONNX; use backend "
+            "onnxruntime for it"
+        )
+    threads = intra_op_threads or request.threads or available_cores()
+    args, record = static_example(request)
+    record.update(inputDtypes=",".join(s.dtype for s in request.signature), threads=str(threads))
+    return args, record
+
+
 def to_args(feed: Feeds, signature: Sequence[InputSpec]) -> tuple[torch.Tensor, ...]:
     return tuple(to_tensor(feed[s.name], INPUT_DTYPES[s.dtype], "cpu") for s in signature)
 
@@ -234,16 +252,8 @@ class ExecuTorchBackend(Backend):
     def compile(self, request: CompileRequest) -> CompiledArtifact:
         self.check_request(request)
         target = request.target
-        if request.module is None:
-            raise BackendError(
-                f"target {target.name!r}: executorch compiles from a PyTorch source (an nn.Module, a "
-                "torch.export .pt2 or a python:// factory) and this source is ONNX; use backend "
-                "onnxruntime for it"
-            )
         opts = options_of(request, ExecuTorchOptions)
-        threads = opts.intra_op_threads or request.threads or available_cores()
-        args, record = static_example(request)
-        record.update(inputDtypes=",".join(s.dtype for s in request.signature), threads=str(threads))
+        args, record = device_example(request, self.name, opts.intra_op_threads)
         label = type(request.module).__qualname__
         out = request.out_dir / "model.pte"
         request.out_dir.mkdir(parents=True, exist_ok=True)

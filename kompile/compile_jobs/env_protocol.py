@@ -1,0 +1,87 @@
+"""The contract between the pipeline and a backend's own environment, used by both sides: the
+pipeline (kompile.compile_jobs.environments, in the project venv) starts
+`<env>/bin/python -m kompile.compile_jobs.env_runner NAME` and sends it one JSON request per line on
+stdin; the runner answers one JSON line per request on its stdout (whatever libraries print goes to
+its stderr). Arrays travel as `.npz` files whose keys are positions ("0", "1", ...: the artifact's
+input or output order), models as files.
+
+Standard library only: this module runs under the environment's packages too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypedDict
+
+RUNNER_MODULE = "kompile.compile_jobs.env_runner"
+ENV_PREFIX = "KOMPILE_ENV_"
+"""KOMPILE_ENV_<NAME> (upper case): an environment's folder, over the cached one."""
+
+Op = Literal["compile", "load", "run"]
+
+
+class CompileRequest(TypedDict):
+    """Build the artifact `out` from the torch.export program saved at `program`."""
+
+    op: Literal["compile"]
+    program: str
+    """A `torch.export.save`d ExportedProgram at static shapes."""
+    example: str
+    """The export example (npz, one array per input)."""
+    calibration: list[str]
+    """Reference inputs at the exported shapes (npz each) for static int8; empty otherwise."""
+    precision: str
+    quantization: str
+    """static or dynamic (int8); empty for other precisions."""
+    out: str
+
+
+class LoadRequest(TypedDict):
+    """Open the artifact at `model` with `threads` threads; later `run`s use it."""
+
+    op: Literal["load"]
+    model: str
+    threads: int
+
+
+class RunRequest(TypedDict):
+    """Run the loaded artifact once on `feeds` (npz, kept in memory by path: timing sends the same
+    file again); its outputs go to `out` (npz) unless out is empty."""
+
+    op: Literal["run"]
+    feeds: str
+    out: str
+
+
+class Reply(TypedDict, total=False):
+    ok: bool
+    error: str
+    """Set when ok is false: a failure the user can act on (what to change)."""
+    record: dict[str, str]
+    """compile: what the artifact records (options)."""
+    inputs: list[str]
+    """load: the artifact's inputs in order."""
+    outputs: list[str]
+    """load: the artifact's outputs in order."""
+    ns: int
+    """run: nanoseconds of the call itself, measured in the environment's process."""
+
+
+class StepFailed(Exception):
+    """Raised by a step (kompile.compile_jobs.envs.<NAME>) for a failure the user can act on (a
+    model the converter cannot take): answered with ok false and this message."""
+
+
+def env_var(name: str) -> str:
+    return ENV_PREFIX + name.upper().replace("-", "_")
+
+
+def encode(message: Any) -> str:
+    return json.dumps(message, separators=(",", ":")) + "\n"
+
+
+def decode(line: str) -> dict[str, Any]:
+    value = json.loads(line)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {line[:80]!r}")
+    return value

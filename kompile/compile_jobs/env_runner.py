@@ -1,0 +1,46 @@
+"""The process a backend's own environment runs: `python -m kompile.compile_jobs.env_runner NAME`
+serves requests (kompile.compile_jobs.env_protocol) with the steps of
+`kompile.compile_jobs.envs.<NAME>` until stdin closes.
+
+Standard library only here (the steps module brings the environment's packages): it runs under
+that environment's packages, not the project's. A step raises StepFailed for a failure the user
+can act on (answered with ok false); anything else is a crash: the traceback goes to stderr and
+the process exits, and the pipeline reports the stderr tail (EnvironmentFailed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+from kompile.compile_jobs.env_protocol import StepFailed, decode, encode
+
+
+def serve(name: str) -> int:
+    # The protocol owns the real stdout; whatever libraries print (C code too) goes to stderr.
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    steps: Any = importlib.import_module(f"kompile.compile_jobs.envs.{name}").Steps()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = decode(line)
+        handler = getattr(steps, f"op_{request.get('op')}", None)
+        if handler is None:
+            proto.write(encode({"ok": False, "error": f"unknown op {request.get('op')!r}"}))
+            continue
+        try:
+            reply = {"ok": True, **handler(request)}
+        except StepFailed as err:
+            reply = {"ok": False, "error": str(err)}
+        proto.write(encode(reply))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m kompile.compile_jobs.env_runner NAME")
+    sys.exit(serve(sys.argv[1]))

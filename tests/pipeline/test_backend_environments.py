@@ -1,0 +1,104 @@
+"""The contract with a backend's own environment (kompile.compile_jobs.env_protocol): the pipeline
+starts the environment's python on kompile.compile_jobs.env_runner and talks JSON lines with it.
+Stand-in environments here: one whose python is the project venv's (it lacks LiteRT, so loading a
+model crashes the process), and one whose python dies at once. A step's own failure is a
+BackendError with its message; a dead process is EnvironmentFailed with its stderr tail; in a run,
+each becomes the candidate's reason, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kompile.compile_jobs.backends.base import BackendError
+from kompile.compile_jobs.environments import EnvironmentFailed, EnvProcess
+from tests.pipeline.conftest import small_cnn_doc
+
+
+def _env(path: Path, script: str) -> Path:
+    (path / "bin").mkdir(parents=True)
+    python = path / "bin" / "python"
+    python.write_text(f"#!/bin/sh\n{script}\n")
+    python.chmod(0o755)
+    (path / ".complete").touch()
+    return path
+
+
+@pytest.fixture
+def project_python_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An 'environment' running this venv's python: the runner and the protocol, no LiteRT."""
+    path = _env(tmp_path / "venv-env", f'exec {sys.executable} "$@"')
+    monkeypatch.setenv("KOMPILE_ENV_LITERT", str(path))
+    return path
+
+
+def test_a_step_failure_comes_back_as_its_message(project_python_env: Path) -> None:
+    with EnvProcess("litert") as env:
+        with pytest.raises(BackendError, match="no model loaded") as err:
+            env.call({"op": "run", "feeds": "x.npz", "out": ""})
+        assert not isinstance(err.value, EnvironmentFailed)
+        with pytest.raises(BackendError, match="unknown op 'bogus'"):
+            env.call({"op": "bogus"})
+        # The process outlives a step's failure: the next request is served.
+        with pytest.raises(BackendError, match="no model loaded"):
+            env.call({"op": "run", "feeds": "x.npz", "out": ""})
+
+
+def test_a_crash_is_environment_failed_with_the_stderr_tail(project_python_env: Path, tmp_path: Path) -> None:
+    env = EnvProcess("litert")
+    with pytest.raises(
+        EnvironmentFailed, match=r"(?s)exited with code 1 during load: .*No module named 'ai_edge_litert'"
+    ):
+        env.call({"op": "load", "model": str(tmp_path / "m.tflite"), "threads": 1})
+    env.close()
+    assert not env.scratch.exists()  # the process's scratch (feeds, stderr log) goes with it
+
+
+def test_an_environment_that_cannot_start_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _env(tmp_path / "broken", "echo 'libpython3.11.so: cannot open shared object file' >&2; exit 127")
+    monkeypatch.setenv("KOMPILE_ENV_LITERT", str(path))
+    with (
+        EnvProcess("litert") as env,
+        pytest.raises(EnvironmentFailed, match=r"code 127 during load: libpython3.11.so: cannot open"),
+    ):
+        env.call({"op": "load", "model": "m.tflite", "threads": 1})
+
+
+def test_arrays_travel_as_npz_by_position(project_python_env: Path, tmp_path: Path) -> None:
+    """The feeds file a runner writes is what the environment reads: positions, not names."""
+    from kompile.compile_jobs.backends.litert import save_arrays
+    from kompile.compile_jobs.envs.litert import _arrays, _ordered
+
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, np.int64)
+    got = _arrays(save_arrays(tmp_path / "f.npz", [a, b]))
+    assert [x.tolist() for x in got] == [a.tolist(), b.tolist()]
+    assert _ordered(["args_10", "args_2", "args_0"]) == ["args_0", "args_2", "args_10"]
+
+
+def _litert_run(kompile_run: Any, write_manifest: Any) -> dict[str, Any]:
+    doc = small_cnn_doc(targets=[{"name": "edge", "backend": "litert", "precision": "fp32"}])
+    res = kompile_run(write_manifest(doc))
+    target: dict[str, Any] = res.status["targets"][0]
+    return target
+
+
+def test_a_run_without_the_environment_fails_the_target_with_what_to_run(
+    kompile_run: Any, write_manifest: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KOMPILE_ENV_LITERT", raising=False)
+    monkeypatch.setenv("KOMPILE_CACHE", str(tmp_path / "empty-cache"))
+    target = _litert_run(kompile_run, write_manifest)
+    assert target["phase"] == "Failed" and target["reason"] == "EnvironmentMissing", target
+    assert "run scripts/setup-backend-env.sh litert" in target["message"]
+
+
+def test_a_run_whose_environment_crashes_fails_the_target_with_its_stderr(
+    kompile_run: Any, write_manifest: Any, project_python_env: Path
+) -> None:
+    target = _litert_run(kompile_run, write_manifest)  # the venv's python has no litert_torch
+    assert target["phase"] == "Failed" and target["reason"] == "EnvironmentFailed", target
+    assert "during compile" in target["message"] and "litert_torch" in target["message"]

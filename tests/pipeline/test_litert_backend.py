@@ -1,0 +1,105 @@
+"""The LiteRT backend for real on a small CNN, in its own environment (scripts/setup-backend-env.sh
+litert; `make test` builds it): torch.export here, litert-torch and ai-edge-quantizer there, the
+`.tflite` validated against eager and timed by the LiteRT interpreter in that environment's process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
+
+try:
+    find_environment("litert")
+except EnvironmentMissing as missing:
+    pytest.skip(str(missing), allow_module_level=True)
+
+from kompile.api.spec import Precision, Target
+from kompile.compile_jobs import run_results
+from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
+from kompile.compile_jobs.benchmark import SelfTimed
+from kompile.compile_jobs.build import compile_request
+from kompile.compile_jobs.validate import resolve_thresholds
+from tests.pipeline.conftest import IMAGE, small_cnn_doc
+
+
+@pytest.fixture(scope="module")
+def feeds() -> list[Feeds]:
+    rng = np.random.default_rng(0)
+    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(8)]
+
+
+def _build(
+    feeds: list[Feeds], out: Path, precision: Precision, quantization: Any = None
+) -> tuple[Any, Any, Any]:
+    from models.small import small_cnn
+
+    target = Target(
+        name=f"edge-{precision}", backend="litert", precision=precision, quantization=quantization
+    )
+    request = compile_request(
+        target, module=small_cnn(), out_dir=out, signature=[IMAGE], feeds=feeds, threads=2
+    )
+    backend = get_backend("litert")
+    artifact = backend.compile(request)
+    runner = backend.load(artifact, threads=2)
+    outputs = request.reference.with_outputs(f"litert-{precision}", [runner.run(f) for f in feeds])
+    verdict = run_results.compare(request.reference, outputs, resolve_thresholds(precision))
+    return artifact, runner, verdict
+
+
+@pytest.fixture(scope="module")
+def fp32(feeds: list[Feeds], tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    return _build(feeds, tmp_path_factory.mktemp("fp32"), "fp32")
+
+
+def test_fp32_tflite_matches_eager_and_is_timed_in_its_environment(
+    fp32: tuple[Any, Any, Any], feeds: list[Feeds]
+) -> None:
+    artifact, runner, verdict = fp32
+    assert verdict.passed, verdict.failures
+    assert min(o.cosine for o in verdict.outputs) > 0.99999
+    assert artifact.model_path.name == "model.tflite" and artifact.serving is None
+    o = artifact.options
+    assert o["threads"] == "2" and o["converter"] == "litert-torch"
+    assert o["exportedStatic"] == "input=[1, 3, 32, 32]"  # litert-torch converts static shapes only
+    assert artifact.toolchain["torch"] == "2.14.1" and artifact.toolchain["litert-torch"] == "0.10.0"
+    assert runner.output_names == ["output"]
+    timed = runner.timed(feeds[0])
+    assert isinstance(timed, SelfTimed) and timed.ns > 0
+    with pytest.raises(BackendError, match=r"converted at the static shapes \[\(1, 3, 32, 32\)\]"):
+        runner.run({"input": np.zeros((2, 3, 32, 32), np.float32)})
+
+
+def test_int8_static_is_full_integer_calibrated_and_smaller(
+    fp32: tuple[Any, Any, Any], feeds: list[Feeds], tmp_path: Path
+) -> None:
+    int8, _, verdict = _build(feeds, tmp_path, "int8", "static")
+    assert verdict.passed, verdict.failures
+    assert min(o.cosine for o in verdict.outputs) > 0.999
+    o = int8.options
+    assert o["quantization"] == "ai-edge-quantizer-static-wi8-ai8" and o["integerIo"] == "true"
+    assert o["calibrationSamples"] == str(len(feeds))
+    assert int8.model_path.stat().st_size < 0.6 * fp32[0].model_path.stat().st_size
+
+
+def test_int8_dynamic_needs_no_calibration(feeds: list[Feeds], tmp_path: Path) -> None:
+    artifact, _, verdict = _build(feeds, tmp_path, "int8", "dynamic")
+    assert verdict.passed, verdict.failures
+    assert artifact.options["quantization"] == "ai-edge-quantizer-dynamic-wi8-afp32"
+    assert artifact.options["calibrationSamples"] == "0" and artifact.options["integerIo"] == "false"
+
+
+def test_kompile_run_validates_and_times_a_litert_target(kompile_run: Any, write_manifest: Any) -> None:
+    doc = small_cnn_doc(targets=[{"name": "edge", "backend": "litert", "precision": "int8"}])
+    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
+    res = kompile_run(write_manifest(doc))
+    target = res.status["targets"][0]
+    assert target["phase"] == "Succeeded", target
+    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
+    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
+    assert [s["batchSize"] for s in target["latency"]] == [1]  # converted at batch 1 only
+    assert target["speedup"] > 0
