@@ -10,20 +10,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
-
-try:
-    find_environment("litert")
-except EnvironmentMissing as missing:
-    pytest.skip(str(missing), allow_module_level=True)
-
 from kompile.api.spec import Precision, Target
 from kompile.compile_jobs import run_results
 from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.build import compile_request
+from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
 from kompile.compile_jobs.validate import resolve_thresholds
 from tests.pipeline.conftest import IMAGE, small_cnn_doc
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _litert_environment() -> None:
+    """`make test` builds it; run by hand without it, each test fails saying how to build it (a
+    skip would let CI pass without ever running LiteRT)."""
+    try:
+        find_environment("litert")
+    except EnvironmentMissing as missing:
+        pytest.fail(str(missing))
 
 
 @pytest.fixture(scope="module")
