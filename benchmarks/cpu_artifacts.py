@@ -314,7 +314,9 @@ def best_validated(report: dict[str, Any]) -> dict[str, Any]:
     """Per batch size: the fastest runtime (besides eager) whose validation passed."""
     out: dict[str, Any] = {}
     for batch, stats in report["latency"].items():
-        ok = [n for n, r in report["runtimes"].items() if n != "eager" and r["validation"]["passed"]]
+        ok = [
+            n for n, r in report["runtimes"].items() if n != "eager" and r.get("validation", {}).get("passed")
+        ]
         if ok:
             name = min(ok, key=lambda n: stats[n]["p50_ms"])
             out[batch] = {

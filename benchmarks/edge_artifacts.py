@@ -45,7 +45,7 @@ from cpu_artifacts import (  # noqa: E402
 
 from kompile.api.spec import InputSpec, Precision, Target  # noqa: E402
 from kompile.api.vocabulary import Quantization  # noqa: E402
-from kompile.compile_jobs.backends.base import get_backend  # noqa: E402
+from kompile.compile_jobs.backends.base import BackendError, get_backend  # noqa: E402
 from kompile.compile_jobs.build import compile_request  # noqa: E402
 
 EDGE: list[tuple[str, Precision, Quantization | None]] = [
@@ -84,7 +84,11 @@ def add_edge(run: CaseRun) -> None:
             feeds=run.feeds,
             threads=run.threads,
         )
-        artifact = backend.compile(request)
+        try:
+            artifact = backend.compile(request)
+        except BackendError as err:  # recorded, like a failed candidate in a run
+            run.runtimes[name] = {"error": f"{getattr(err, 'reason', type(err).__name__)}: {str(err)[-600:]}"}
+            continue
         compile_s = time.perf_counter() - start
         runner = backend.load(artifact, run.threads)
         cand = [runner.run(f) for f in run.feeds]

@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-from kompile.api.spec import Precision, Target
+from kompile.api.spec import InputSpec, Precision, Target
 from kompile.compile_jobs import run_results
 from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
 from kompile.compile_jobs.benchmark import SelfTimed
@@ -107,3 +108,33 @@ def test_kompile_run_validates_and_times_a_litert_target(kompile_run: Any, write
     assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
     assert [s["batchSize"] for s in target["latency"]] == [1]  # converted at batch 1 only
     assert target["speedup"] > 0
+
+
+class _TokenClassifier(torch.nn.Module):
+    """Token ids in (int64, as tokenizers give them), like a transformer's first layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(100, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.embed(ids)).mean(dim=1))
+
+
+def test_int8_static_calibrates_a_model_fed_token_ids(tmp_path: Path) -> None:
+    """LiteRT takes the ids as int32: calibration (and each run) feeds them in the model's dtype
+    (int64 calibration data made every int8 MiniLM build fail)."""
+    rng = np.random.default_rng(1)
+    ids = [{"ids": rng.integers(0, 100, (1, 12)).astype(np.int64)} for _ in range(6)]
+    spec = InputSpec.model_validate({"name": "ids", "shape": [1, 12], "dtype": "int64"})
+    target = Target(name="ids-int8", backend="litert", precision="int8", quantization="static")
+    request = compile_request(
+        target, module=_TokenClassifier().eval(), out_dir=tmp_path, signature=[spec], feeds=ids, threads=2
+    )
+    backend = get_backend("litert")
+    runner = backend.load(backend.compile(request), threads=2)
+    outputs = request.reference.with_outputs("litert-int8", [runner.run(f) for f in ids])
+    verdict = run_results.compare(request.reference, outputs, resolve_thresholds("int8"))
+    assert verdict.passed, verdict.failures

@@ -56,6 +56,10 @@ def _dequantize(y: Array, detail: dict[str, Any]) -> Array:
     return real
 
 
+def _first_line(err: BaseException) -> str:
+    return next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+
+
 class Steps:
     def __init__(self) -> None:
         self.runner: Any = None
@@ -76,8 +80,7 @@ class Steps:
         try:
             litert_torch.convert(program.module(), args).export(str(float_path))
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
-            first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-            raise StepFailed(f"litert-torch could not convert the model: {first}") from err
+            raise StepFailed(f"litert-torch could not convert the model: {_first_line(err)}") from err
         record: dict[str, str] = {"converter": "litert-torch"}
         if req["precision"] == "int8":
             record.update(self._quantize(float_path, out, req))
@@ -90,12 +93,22 @@ class Steps:
         static = req["quantization"] != "dynamic"
         chosen = recipe.static_wi8_ai8() if static else recipe.dynamic_wi8_afp32()
         qt = quantizer.Quantizer(str(float_path), chosen)
-        calibration = None
+        calibration: Any = None
+        samples: list[dict[str, Array]] = []
         if qt.need_calibration:
-            names = _ordered(self._signature_inputs(float_path))
-            samples = [dict(zip(names, _arrays(p), strict=True)) for p in req["calibration"]]
-            calibration = qt.calibrate({SIGNATURE: samples}, num_threads=2)
-        qt.quantize(calibration, enable_progress_bar=False).export_model(str(out), overwrite=True)
+            details = self._signature_inputs(float_path)
+            names = _ordered(list(details))
+            # In the converted model's own dtypes: LiteRT takes token ids as int32, not torch's int64.
+            samples = [
+                {n: np.asarray(a, dtype=details[n]["dtype"]) for n, a in zip(names, _arrays(p), strict=True)}
+                for p in req["calibration"]
+            ]
+        try:
+            if samples:
+                calibration = qt.calibrate({SIGNATURE: samples}, num_threads=2)
+            qt.quantize(calibration, enable_progress_bar=False).export_model(str(out), overwrite=True)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
+            raise StepFailed(f"ai-edge-quantizer could not quantize the model: {_first_line(err)}") from err
         return {
             "quantization": "ai-edge-quantizer-" + ("static-wi8-ai8" if static else "dynamic-wi8-afp32"),
             "calibrationSamples": str(len(req["calibration"]) if static else 0),
@@ -103,11 +116,12 @@ class Steps:
         }
 
     @staticmethod
-    def _signature_inputs(path: Path) -> list[str]:
+    def _signature_inputs(path: Path) -> dict[str, Any]:
+        """Each input of the model's signature: its details (dtype, shape, quantization)."""
         from ai_edge_litert import interpreter
 
-        signatures = interpreter.Interpreter(model_path=str(path)).get_signature_list()
-        return list(signatures[SIGNATURE]["inputs"])
+        runner = interpreter.Interpreter(model_path=str(path)).get_signature_runner(SIGNATURE)
+        return dict(runner.get_input_details())
 
     def op_load(self, req: dict[str, Any]) -> dict[str, Any]:
         from ai_edge_litert import interpreter
