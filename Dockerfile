@@ -3,10 +3,12 @@
 #   docker build --target operator       -t ghcr.io/kompile/operator:0.1.0       .
 #   docker buildx build --platform linux/amd64,linux/arm64 --target compile-cpu \
 #     -t ghcr.io/kompile/compile-cpu:0.1.0 --push .
-#   docker build --target compile-litert -t ghcr.io/kompile/compile-litert:0.1.0 .
+#   docker buildx build --platform linux/amd64,linux/arm64 --target compile-litert \
+#     -t ghcr.io/kompile/compile-litert:0.1.0 --push .
 #   docker build --target compile-gpu    -t ghcr.io/kompile/compile-gpu:0.1.0    .
-# compile-cpu is one multi-arch tag: arm64 edge classes pull its arm64 variant (the operator sets
-# the same image on every CPU class and pins the architecture with the Job's nodeSelector).
+# compile-cpu and compile-litert are multi-arch tags: arm64 edge classes pull their arm64 variant
+# (the operator pins the architecture with the Job's nodeSelector; auto offers litert on arm64
+# classes, so their Jobs run compile-litert, which carries compile-cpu's backends too).
 # No Docker engine runs in CI: tests/unit/test_dockerfile.py lints this file with hadolint and checks
 # that every pip extra and file named here exists. Versions come from requirements/lock.txt, the same
 # lock CI's venv is built from (scripts/setup-venv.sh), used here as a constraints file so an image

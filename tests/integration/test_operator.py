@@ -147,14 +147,16 @@ def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> No
     assert any(t.key == "nvidia.com/gpu" for t in gpu_job.tolerations)
     assert gpu_job.node_selector["nvidia.com/gpu.compute.major"] == "8"
     assert all(j.metadata.owner_references[0].kind == "CompiledModel" for j in jobs)
-    # arm64 edge class: pinned to arm64, told its arch, and its auto target offers executorch
-    # (read back through the Job contract as the compile Job reads it); amd64 classes do not.
+    # arm64 edge class: pinned to arm64, told its arch, and its auto target offers executorch and
+    # litert (read back through the Job contract as the compile Job reads it); amd64 classes do not.
     for cls, arch in (("cpu-arm64", "arm64"), ("cpu-amd64", "amd64")):
         pod = by_class[cls].spec.template.spec
         assert pod.node_selector["kubernetes.io/arch"] == arch
         spec = JobSpec.from_env({e.name: e.value for e in pod.containers[0].env})
         assert spec.arch == arch and spec.target.backend == "auto"
-        assert ("executorch" in backends_of(spec.target, spec.device, spec.arch)) == (arch == "arm64")
+        offered = backends_of(spec.target, spec.device, spec.arch)
+        assert {"executorch", "litert"} <= set(offered) if arch == "arm64" else "litert" not in offered
+        assert ("executorch" in offered) == (arch == "arm64") and "onnxruntime" in offered
 
     def placed() -> dict[str, str] | None:
         pods = fleet["core"].list_namespaced_pod(NS, label_selector="kompile.dev/compiledmodel=small").items

@@ -124,20 +124,21 @@ def test_tensorrt_version_comes_from_the_gpu_image_setting() -> None:
 
 
 def test_auto_offers_each_device_its_candidates() -> None:
-    # executorch joins only on arm64 CPU classes (edge boxes); on x86-64 servers the winner stays
-    # one KServe can serve, and executorch's int8 there was within noise of ONNX Runtime's.
-    # litert joins nowhere: its int8 matched ONNX Runtime's on x86-64 (docs/backends.md).
+    # executorch and litert join only on arm64 CPU classes (edge boxes); on x86-64 servers the
+    # winner stays one KServe can serve, and their int8 there was within noise of ONNX Runtime's.
     assert auto_backends("cpu", "amd64") == ("onnxruntime", "openvino", "inductor")
-    assert auto_backends("cpu", "arm64") == ("onnxruntime", "openvino", "inductor", "executorch")
+    assert auto_backends("cpu", "arm64") == ("onnxruntime", "openvino", "inductor", "executorch", "litert")
     assert auto_backends("cpu") == auto_backends("cpu", "arm64")  # unknown arch: any class's
     assert auto_backends("cuda", "arm64") == auto_backends("cuda") == ("tensorrt", "inductor")
     assert "null" not in auto_backends("cpu") + auto_backends("cuda")
-    assert auto_summary("cpu") == "onnxruntime, openvino, inductor (and executorch on arm64)"
+    assert auto_summary("cpu") == "onnxruntime, openvino, inductor (and executorch on arm64, litert on arm64)"
 
 
 def test_auto_says_why_a_backend_is_left_out_on_an_architecture() -> None:
-    ((name, why),) = auto_left_out("cpu", "amd64")
-    assert name == "executorch" and "arm64 CPU classes only" in why and "11.9 vs 12.5 ms" in why
+    why = dict(auto_left_out("cpu", "amd64"))
+    assert list(why) == ["executorch", "litert"]
+    assert "arm64 CPU classes only" in why["executorch"] and "11.9 vs 12.5 ms" in why["executorch"]
+    assert "12.3 vs 12.5 ms" in why["litert"]
     assert auto_left_out("cpu", "arm64") == [] and auto_left_out("cuda", "amd64") == []
 
 

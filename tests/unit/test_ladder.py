@@ -34,8 +34,9 @@ def test_auto_on_an_x86_class_notes_the_backends_it_offers_on_arm64_only() -> No
     from kompile.compile_jobs.build import arch_notes
 
     auto = Target(name="cpu", precision="int8")
-    (note,) = arch_notes(auto, "cpu", "amd64")
-    assert note.startswith("executorch: auto offers it on arm64 CPU classes only")
+    notes = arch_notes(auto, "cpu", "amd64")
+    assert [n.split(":")[0] for n in notes] == ["executorch", "litert"]
+    assert notes[0].startswith("executorch: auto offers it on arm64 CPU classes only")
     assert "executorch" not in {c.backend for c in candidate_targets(auto, "cpu", "amd64")}
     assert "executorch" in {c.backend for c in candidate_targets(auto, "cpu", "arm64")}
     assert arch_notes(auto, "cpu", "arm64") == [] and arch_notes(auto, "cuda", "amd64") == []

@@ -99,10 +99,11 @@ def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
     assert g.tolerations[0]["key"] == "nvidia.com/gpu"
     c = by_name["cpu-arm64-int8"]
     assert not c.gpu and c.target.backend == "auto" and c.node_selector == {"kubernetes.io/arch": "arm64"}
-    # arm64 edge classes: executorch joins auto there, and only there.
+    # arm64 edge classes: executorch and litert join auto there, and only there.
     assert c.arch == "arm64" and backends_of(c.target, "cpu", c.arch) == [
         "executorch",
         "inductor",
+        "litert",
         "onnxruntime",
         "openvino",
     ]
@@ -216,8 +217,10 @@ def test_arm64_class_job_is_pinned_to_arm64_on_the_multi_arch_cpu_image() -> Non
     arm, x86 = (jobs[c]["spec"]["template"]["spec"] for c in ("cpu-arm64", "cpu-amd64"))
     assert arm["nodeSelector"] == {"kubernetes.io/arch": "arm64"}
     assert x86["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
-    # One multi-arch tag: each node pulls its own architecture's variant of it.
-    assert arm["containers"][0]["image"] == x86["containers"][0]["image"] == "example/compile-cpu:1"
+    # One multi-arch tag: each node pulls its own architecture's variant of it. The arm64 class's
+    # auto offers litert, so its Job runs the image that carries litert's environment too.
+    assert x86["containers"][0]["image"] == "example/compile-cpu:1"
+    assert arm["containers"][0]["image"] == settings.env_images["litert"]
     env = {e["name"]: e["value"] for e in arm["containers"][0]["env"]}
     assert env["KOMPILE_ARCH"] == "arm64" and JobSpec.from_env(env).arch == "arm64"
     # The cache key's versions follow the class's candidates: executorch's only on arm64.

@@ -212,7 +212,8 @@ def test_a_served_class_leaves_device_only_backends_out_of_auto() -> None:
     leaves it out and says why; listed candidates are built as written; unserved classes keep it."""
     auto = Target(name="t", precision="int8")
     notes = device_only_notes(auto, "cpu", "arm64", served=True)
-    assert len(notes) == 1 and notes[0].startswith("executorch: its artifacts run on devices, not KServe")
+    assert [n.split(":")[0] for n in notes] == ["executorch", "litert"]
+    assert notes[0].startswith("executorch: its artifacts run on devices, not KServe")
     assert device_only_notes(auto, "cpu", "arm64", served=False) == []
     assert device_only_notes(auto, "cpu", "amd64", served=True) == []  # not offered there anyway
     assert _auto_device_only(auto, "executorch") and not _auto_device_only(auto, "onnxruntime")
