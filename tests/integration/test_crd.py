@@ -37,6 +37,7 @@ from kompile.api.status import (
     CompiledModelStatus,
     Condition,
     LatencyStats,
+    LatestPointer,
     OutputCheck,
     RegistryStatus,
     RolloutStatus,
@@ -306,6 +307,14 @@ def _full_status() -> CompiledModelStatus:
                 previous_storage_uri="s3://artifacts/kompile/resnet50/cpu-fp32",
                 started_at="2025-01-02T03:05:00Z",
                 message="10% of traffic on version 7",
+            )
+        ],
+        latest=[
+            LatestPointer(
+                hardware_class="amd64-avx512",
+                uri="s3://artifacts/kompile/latest/default/resnet50/amd64-avx512.json",
+                target="cpu-int8",
+                digest="sha256:" + "ab" * 32,
             )
         ],
     )
