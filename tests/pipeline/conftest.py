@@ -148,3 +148,23 @@ def bert_tiny_case(
         for n in ("input_ids", "attention_mask")
     ]
     return model, path, feeds, sig
+
+
+def build_and_compare(
+    target: Any, module: Any, signature: list[InputSpec], feeds: list[Any], out: Path
+) -> tuple[Any, Any, Any]:
+    """Compile a target with its backend (2 threads), load the artifact back and compare its
+    outputs on the feeds with eager's under the precision's thresholds: (artifact, runner, verdict)."""
+    from kompile.compile_jobs import run_results
+    from kompile.compile_jobs.backends.base import get_backend
+    from kompile.compile_jobs.build import compile_request
+    from kompile.compile_jobs.validate import resolve_thresholds
+
+    request = compile_request(target, module=module, out_dir=out, signature=signature, feeds=feeds, threads=2)
+    backend = get_backend(target.backend)
+    artifact = backend.compile(request)
+    runner = backend.load(artifact, threads=2)
+    name = f"{target.backend}-{target.precision}"
+    outputs = request.reference.with_outputs(name, [runner.run(f) for f in feeds])
+    verdict = run_results.compare(request.reference, outputs, resolve_thresholds(target.precision))
+    return artifact, runner, verdict

@@ -14,11 +14,9 @@ pytest.importorskip("executorch")
 torch = pytest.importorskip("torch")
 
 from kompile.api.spec import Precision, Target  # noqa: E402
-from kompile.compile_jobs import run_results  # noqa: E402
-from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend  # noqa: E402
-from kompile.compile_jobs.build import compile_request, skip_reason  # noqa: E402
-from kompile.compile_jobs.validate import resolve_thresholds  # noqa: E402
-from tests.pipeline.conftest import IMAGE, small_cnn_doc  # noqa: E402
+from kompile.compile_jobs.backends.base import BackendError, Feeds  # noqa: E402
+from kompile.compile_jobs.build import skip_reason  # noqa: E402
+from tests.pipeline.conftest import IMAGE, build_and_compare, small_cnn_doc  # noqa: E402
 
 # tests.pipeline.conftest puts examples/ on sys.path: `models.*` imports as in manifests.
 
@@ -41,15 +39,7 @@ def _build(
         quantization=quantization,
         options=options or None,
     )
-    request = compile_request(
-        target, module=small_cnn(), out_dir=out, signature=[IMAGE], feeds=feeds, threads=2
-    )
-    backend = get_backend("executorch")
-    artifact = backend.compile(request)
-    runner = backend.load(artifact, threads=2)
-    outputs = request.reference.with_outputs(f"executorch-{precision}", [runner.run(f) for f in feeds])
-    verdict = run_results.compare(request.reference, outputs, resolve_thresholds(precision))
-    return artifact, runner, verdict
+    return build_and_compare(target, small_cnn(), [IMAGE], feeds, out)
 
 
 def test_fp32_pte_runs_in_the_executorch_runtime_and_matches_eager(
@@ -122,15 +112,8 @@ def test_a_transformer_int8_quantizes_only_float_tensors(tmp_path: Path) -> None
 
     model, _, feeds, signature = bert_tiny_case(tmp_path)
     target = Target(name="edge-int8", backend="executorch", precision="int8", quantization="static")
-    request = compile_request(
-        target, module=model, out_dir=tmp_path / "pte", signature=signature, feeds=feeds, threads=2
-    )
-    backend = get_backend("executorch")
-    artifact = backend.compile(request)
+    artifact, _, verdict = build_and_compare(target, model, signature, feeds, tmp_path / "pte")
     assert artifact.options["exportedStatic"] == "input_ids=[2, 16];attention_mask=[2, 16]"
     assert artifact.options["calibrationSamples"] == str(len(feeds))
-    runner = backend.load(artifact, threads=2)
-    outputs = request.reference.with_outputs("executorch-int8", [runner.run(f) for f in feeds])
-    verdict = run_results.compare(request.reference, outputs, resolve_thresholds("int8"))
     # Random weights: the figure that matters is that the program runs and tracks eager closely.
     assert min(o.cosine for o in verdict.outputs) > 0.95, verdict.failures

@@ -12,13 +12,10 @@ import pytest
 import torch
 
 from kompile.api.spec import InputSpec, Precision, Target
-from kompile.compile_jobs import run_results
-from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
+from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
-from kompile.compile_jobs.build import compile_request
 from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
-from kompile.compile_jobs.validate import resolve_thresholds
-from tests.pipeline.conftest import IMAGE, small_cnn_doc
+from tests.pipeline.conftest import IMAGE, build_and_compare, small_cnn_doc
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,15 +42,7 @@ def _build(
     target = Target(
         name=f"edge-{precision}", backend="litert", precision=precision, quantization=quantization
     )
-    request = compile_request(
-        target, module=small_cnn(), out_dir=out, signature=[IMAGE], feeds=feeds, threads=2
-    )
-    backend = get_backend("litert")
-    artifact = backend.compile(request)
-    runner = backend.load(artifact, threads=2)
-    outputs = request.reference.with_outputs(f"litert-{precision}", [runner.run(f) for f in feeds])
-    verdict = run_results.compare(request.reference, outputs, resolve_thresholds(precision))
-    return artifact, runner, verdict
+    return build_and_compare(target, small_cnn(), [IMAGE], feeds, out)
 
 
 @pytest.fixture(scope="module")
@@ -130,11 +119,5 @@ def test_int8_static_calibrates_a_model_fed_token_ids(tmp_path: Path) -> None:
     ids = [{"ids": rng.integers(0, 100, (1, 12)).astype(np.int64)} for _ in range(6)]
     spec = InputSpec.model_validate({"name": "ids", "shape": [1, 12], "dtype": "int64"})
     target = Target(name="ids-int8", backend="litert", precision="int8", quantization="static")
-    request = compile_request(
-        target, module=_TokenClassifier().eval(), out_dir=tmp_path, signature=[spec], feeds=ids, threads=2
-    )
-    backend = get_backend("litert")
-    runner = backend.load(backend.compile(request), threads=2)
-    outputs = request.reference.with_outputs("litert-int8", [runner.run(f) for f in ids])
-    verdict = run_results.compare(request.reference, outputs, resolve_thresholds("int8"))
+    _, _, verdict = build_and_compare(target, _TokenClassifier().eval(), [spec], ids, tmp_path)
     assert verdict.passed, verdict.failures
