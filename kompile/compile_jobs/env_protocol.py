@@ -11,7 +11,7 @@ Standard library only: this module runs under the environment's packages too.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 RUNNER_MODULE = "kompile.compile_jobs.env_runner"
 ENV_PREFIX = "KOMPILE_ENV_"
@@ -21,11 +21,12 @@ Op = Literal["compile", "load", "run"]
 
 
 class CompileRequest(TypedDict):
-    """Build the artifact `out` from the torch.export program saved at `program`."""
+    """Build the artifact `out` from the model file at `program`."""
 
     op: Literal["compile"]
     program: str
-    """A `torch.export.save`d ExportedProgram at static shapes."""
+    """The model: a `torch.export.save`d ExportedProgram at static shapes for a backend whose catalog
+    entry consumes torch, the ONNX export for one that consumes onnx."""
     example: str
     """The export example (npz, one array per input)."""
     calibration: list[str]
@@ -34,6 +35,12 @@ class CompileRequest(TypedDict):
     quantization: str
     """static or dynamic (int8); empty for other precisions."""
     out: str
+    options: NotRequired[dict[str, str]]
+    """The backend's options as the wire spells them (its catalog options model's `record()`), plus
+    what the step needs to know of the class (e.g. `cpuFeatures`); absent: defaults."""
+    state: NotRequired[str]
+    """A folder the step reads and extends across compiles (a tuning database the pipeline keeps in
+    step with the artifact store); absent: none."""
 
 
 class LoadRequest(TypedDict):
