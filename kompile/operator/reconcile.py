@@ -9,32 +9,23 @@ results); this file sequences the calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from kompile.api.cache import artifact_prefix, cache_key
-from kompile.api.candidates import backends_of
-from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
-from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
-from kompile.operator import latest, metrics, spec_limits, tenancy, tensorrt_match
+from kompile.operator import latest, metrics, spec_limits, tenancy
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.fleet import HardwareClass
 from kompile.operator.jobs import (
-    ANNOTATION_CACHE_KEY,
-    ANNOTATION_PREFIX,
     LABEL_GENERATION,
     LABEL_TARGET,
     LABEL_UID,
-    build_job,
-    compile_image,
 )
-from kompile.operator.kube import JOB_NAME_LABEL, Kube, api_message
+from kompile.operator.kube import JOB_NAME_LABEL, Kube
 from kompile.operator.lineage import (
     REGISTERED,
     move_alias,
@@ -42,18 +33,23 @@ from kompile.operator.lineage import (
     settle_registered,
     tracking_uri,
 )
-from kompile.operator.outages import BREAKER
-from kompile.operator.results import from_job
 from kompile.operator.serve import reconcile_rollouts
 from kompile.operator.settings import Settings
+from kompile.operator.store_access import (
+    STORE_REACHABLE,
+    STORE_UNAVAILABLE,
+    EventFn,
+    StoreAccess,
+    StoreUnavailable,
+    store_access,
+    store_call,
+    store_root,
+)
+from kompile.operator.target_step import TERMINAL, model_name, target_status
 from kompile.operator.targets import ResolvedTarget, resolve_targets
 
 log = logging.getLogger("kompile.operator")
 
-EventFn = Callable[[str, str, str], None]
-"""(type Normal|Warning, reason, message)"""
-
-TERMINAL = ("Succeeded", "Failed", "Skipped", "Exported")
 ROLLOUT_WAITING = ("Pending", "Progressing", "Canary")
 """Rollout phases that change with time or with an InferenceService the operator does not watch."""
 
@@ -69,121 +65,6 @@ class Outcome:
     """Seconds until it is looked at again (kompile.operator.reconcile.requeue_after); None: not."""
     patched: bool = False
     """The status differed from the one read and was written."""
-
-
-def store_root(cm: CompiledModel, settings: Settings) -> str:
-    store = cm.spec.registry.artifact_store if cm.spec.registry else None
-    return store or settings.artifact_store
-
-
-STORE_UNAVAILABLE = "StoreUnavailable"
-STORE_REACHABLE = "StoreReachable"
-T = TypeVar("T")
-
-
-class StoreUnavailable(RuntimeError):
-    """The artifact store cannot be read now: no cache key can be computed, so nothing is launched."""
-
-
-def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, image: str | None = None) -> str:
-    """The source's identity for the cache key, without reading the model (no torch here): its
-    digest when the spec pins one; for s3:// the object's ETag and size, so a model overwritten in
-    place is compiled again; for python:// the compile image too, since the factory's code ships
-    in it; else the URI."""
-    src = cm.spec.source
-    if src.digest:
-        return src.digest
-    if src.uri.startswith("s3://") and store is not None:
-        # Unreadable raises StoreUnavailable: falling back to the URI would change the key (a new
-        # Job under another prefix).
-        tag = store_call(src.uri, store, lambda: object_version(src.uri, store.endpoint, store.credentials))
-        if tag:
-            return f"s3:{src.uri}@{tag}"
-    if src.uri.startswith("python://") and image:
-        return f"uri:{src.uri}@{image}"
-    return f"uri:{src.uri}"
-
-
-NO_KEYS = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
-
-
-@dataclass(frozen=True)
-class StoreAccess:
-    """How the operator reaches a CompiledModel's artifact store."""
-
-    endpoint: str | None
-    credentials: Mapping[str, str] | None
-
-
-def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: EventFn) -> StoreAccess:
-    """Endpoint from the spec or settings; credentials from the Secret the spec names, else the
-    operator's own environment (boto3's default chain)."""
-    registry = cm.spec.registry
-    endpoint = (registry.s3_endpoint if registry else None) or settings.s3_endpoint
-    # The operator's default Secret is for its own store only (tenancy.refusal keeps the rest out).
-    secret = (
-        registry.credentials_secret.name
-        if registry and registry.credentials_secret
-        else settings.store_secret
-    )
-    # Without a readable Secret, a store not the operator's own gets empty keys, never the
-    # operator's (boto3's environment chain).
-    own_store = not endpoint or tenancy.host_of(endpoint) in tenancy.own_hosts(settings)
-    fallback = None if own_store else NO_KEYS
-    if not secret:
-        return StoreAccess(endpoint, fallback)
-    try:
-        return StoreAccess(endpoint, kube.secret_data(cm.metadata.namespace or "default", secret))
-    except ApiException as err:
-        event("Warning", "CredentialsUnavailable", f"Secret {secret}: {err.status} {err.reason}")
-        return StoreAccess(endpoint, fallback)
-
-
-def store_call(uri: str, store: StoreAccess, call: Callable[[], T]) -> T:
-    """One artifact-store call about uri, through the store endpoint's breaker: StoreUnavailable
-    when it fails, and at once while the endpoint backs off after a failure (no worker waits
-    out a timeout per CompiledModel)."""
-    if not is_s3(uri):
-        try:
-            return call()
-        except StoreError as err:
-            raise StoreUnavailable(str(err)) from err
-    endpoint = store.endpoint or "s3"
-    wait = BREAKER.wait(endpoint)
-    if wait is not None:
-        raise StoreUnavailable(f"{wait[1]}; next attempt in {wait[0]:.0f} s")
-    try:
-        out = call()
-    except StoreError as err:
-        delay = BREAKER.failed(endpoint, f"artifact store {endpoint}: {err}")
-        raise StoreUnavailable(f"artifact store {endpoint}: {err}; next attempt in {delay:.0f} s") from err
-    BREAKER.succeeded(endpoint)
-    return out
-
-
-def read_stored_result(prefix: str, store: StoreAccess) -> JobResult | None:
-    """result.json at a cache prefix, or None when absent or unreadable as one; StoreUnavailable
-    when the store cannot be read (a miss then would compile again what is there)."""
-    uri = join(prefix, RESULT_FILE)
-    data = store_call(uri, store, lambda: read_bytes(uri, store.endpoint, store.credentials))
-    if data is None:
-        return None
-    try:
-        return JobResult.loads(data)
-    except ValueError:
-        return None
-
-
-def entry_complete(prefix: str, result: JobResult, store: StoreAccess) -> bool:
-    """Every file the cache entry's result.json names is there at its size: an entry whose upload
-    was cut short, or one written before results listed their files, is compiled again."""
-    if not result.files:
-        return False
-    present = store_call(prefix, store, lambda: file_sizes(prefix, store.endpoint, store.credentials))
-    missing = sorted(rel for rel, size in result.files.items() if present.get(rel) != size)
-    if missing:
-        log.warning("cache entry %s lacks %s: compiling again", prefix, ", ".join(missing[:5]))
-    return not missing
 
 
 def _previous(doc: Mapping[str, Any], generation: int) -> CompiledModelStatus:
@@ -347,7 +228,9 @@ def reconcile(
         if prev is not None and prev.phase in TERMINAL:
             targets.append(prev)
             continue
-        targets.append(_target(cm, rt, current.get(rt.target.name), prev, kube, settings, store, tell, pods))
+        targets.append(
+            target_status(cm, rt, current.get(rt.target.name), prev, kube, settings, store, tell, pods)
+        )
     status.targets = targets
     was = next((c for c in status.conditions if c.type == "Ready"), None)
     before = was.status if was else None
@@ -440,17 +323,13 @@ def _write_latest(
             store_root(cm, settings),
             namespace=cm.metadata.namespace or "default",
             compiled_model=cm.metadata.name,
-            model_name=_model_name(cm),
+            model_name=model_name(cm),
             generation=generation,
             put=put,
         )
     except StoreUnavailable as err:
         return str(err)
     return None
-
-
-def _model_name(cm: CompiledModel) -> str:
-    return (cm.spec.registry.model_name if cm.spec.registry else None) or cm.metadata.name
 
 
 def _registering(cm: CompiledModel, status: CompiledModelStatus, settings: Settings, generation: int) -> None:
@@ -507,196 +386,6 @@ def _refuse(
     if before != reason:
         event("Warning", reason, message)
     return Outcome(status, done=True, patched=patched)
-
-
-def _tensorrt_refusal(cm: CompiledModel, rt: ResolvedTarget, settings: Settings) -> str | None:
-    """A plan only loads on the TensorRT release that built it: refuse before any Job runs when
-    the GPU compile image's TensorRT is not the serving runtime's."""
-    if not rt.gpu or "tensorrt" not in backends_of(rt.target, "cuda"):
-        return None
-    serving = (
-        cm.spec.rollout.tensorrt_version if cm.spec.rollout else None
-    ) or settings.serving_tensorrt_version
-    return tensorrt_match.refusal(serving, settings.gpu_tensorrt_version, settings.gpu_image)
-
-
-def _target(
-    cm: CompiledModel,
-    rt: ResolvedTarget,
-    job: Mapping[str, Any] | None,
-    prev: TargetStatus | None,
-    kube: Kube,
-    settings: Settings,
-    store: StoreAccess,
-    event: EventFn,
-    pods: Callable[[str], list[dict[str, Any]]] | None = None,
-) -> TargetStatus:
-    """One target's status this reconcile: read from its Job, refused, reused from the cache, or a
-    Job launched for it, in that order. `pods` gives a Job's pods (default: one list per Job)."""
-    if job is not None:
-        # The Job's own key and prefix: where it wrote, whatever a recomputed key would say now.
-        notes = (job.get("metadata") or {}).get("annotations") or {}
-        if notes.get(ANNOTATION_CACHE_KEY) and notes.get(ANNOTATION_PREFIX):
-            key, prefix = notes[ANNOTATION_CACHE_KEY], notes[ANNOTATION_PREFIX]
-            return _from_job(cm, rt, job, prev, kube, store, prefix, key, event, pods)
-    try:
-        key = target_cache_key(cm, rt, settings, store)
-    except StoreUnavailable as err:
-        return _store_unavailable(rt, "", err)
-    prefix = artifact_prefix(store_root(cm, settings), cm.metadata.namespace or "default", key)
-    if job is not None:
-        return _from_job(cm, rt, job, prev, kube, store, prefix, key, event, pods)
-    refused = _tensorrt_refusal(cm, rt, settings)
-    if refused:
-        event("Warning", "TensorRTVersionMismatch", f"target {rt.name}: {refused}")
-        return _status(rt, key, phase="Failed", reason="TensorRTVersionMismatch", message=refused)
-    try:
-        cached = _cache_hit(cm, rt, store, prefix, key, event)
-    except StoreUnavailable as err:
-        # Launching on a miss we could not see would compile again what may be there.
-        return _store_unavailable(rt, key, err)
-    if cached is not None:
-        return cached
-    return _launch_job(cm, rt, kube, settings, key, prefix, event)
-
-
-def _store_unavailable(rt: ResolvedTarget, key: str, err: StoreUnavailable) -> TargetStatus:
-    return _status(rt, key, phase="Pending", reason=STORE_UNAVAILABLE, message=f"{err}; retrying")
-
-
-def _status(rt: ResolvedTarget, key: str | None, **fields: Any) -> TargetStatus:
-    return TargetStatus(
-        name=rt.name,
-        backend=rt.target.backend,
-        precision=rt.target.precision,
-        hardware_class=rt.hardware_class,
-        cache_key=key,
-        **fields,
-    )
-
-
-def target_cache_key(cm: CompiledModel, rt: ResolvedTarget, settings: Settings, store: StoreAccess) -> str:
-    """The content address of what this target would build. Every backend the target's candidates
-    use shapes the artifact: all their versions key it."""
-    version = ",".join(
-        f"{b}={settings.backend_versions.get(b, 'unknown')}"
-        for b in backends_of(rt.target, "cuda" if rt.gpu else "cpu", rt.arch)
-    )
-    model_name = _model_name(cm)
-    return cache_key(
-        source_fingerprint(cm, store, compile_image(rt, settings)),
-        rt.target,
-        version,
-        rt.hardware_class,
-        cm.spec.inputs,
-        cm.spec.validation,
-        model_name,
-    )
-
-
-def _from_job(
-    cm: CompiledModel,
-    rt: ResolvedTarget,
-    job: Mapping[str, Any],
-    prev: TargetStatus | None,
-    kube: Kube,
-    store: StoreAccess,
-    prefix: str,
-    key: str,
-    event: EventFn,
-    pods: Callable[[str], list[dict[str, Any]]] | None = None,
-) -> TargetStatus:
-    """The target's status from its Job, its pods and the result it stored; metrics and an Event
-    once it has settled."""
-    namespace = cm.metadata.namespace or "default"
-    try:
-        stored = read_stored_result(prefix, store)
-    except StoreUnavailable as err:
-        # The termination message may carry the result; else the target awaits the store.
-        log.warning("target %s: %s", rt.name, err)
-        stored = None
-    name = job["metadata"]["name"]
-    job_pods = pods(name) if pods is not None else kube.job_pods(namespace, name)
-    ts, _digest = from_job(rt, job, job_pods, stored.target if stored else None)
-    ts.cache_key = key
-    if ts.node is None and prev is not None:
-        ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier
-    if ts.phase not in TERMINAL:
-        return ts
-    metrics.JOBS.labels(outcome=ts.phase).inc()
-    if ts.compile_seconds is not None:
-        metrics.COMPILE_SECONDS.observe(ts.compile_seconds)
-    if ts.validation_seconds is not None:
-        metrics.VALIDATION_SECONDS.observe(ts.validation_seconds)
-    if ts.speedup is not None:
-        metrics.SPEEDUP.labels(namespace=namespace, name=cm.metadata.name, target=rt.name).set(ts.speedup)
-    kind = "Normal" if ts.phase == "Succeeded" else "Warning"
-    event(kind, ts.reason or ts.phase, f"target {rt.name}: {ts.message or ts.phase}")
-    return ts
-
-
-def _cache_hit(
-    cm: CompiledModel, rt: ResolvedTarget, store: StoreAccess, prefix: str, key: str, event: EventFn
-) -> TargetStatus | None:
-    """A validated artifact already at this content address (for the pinned source digest)."""
-    cached = read_stored_result(prefix, store)
-    validation = cached.target.validation if cached else None
-    if not (cached and validation and validation.passed and _digest_ok(cm, cached.source_digest)):
-        return None
-    if not entry_complete(prefix, cached, store):
-        return None
-    ts = cached.target.model_copy(
-        update={
-            "name": rt.name,
-            "cached": True,
-            "cache_key": key,
-            "job": None,
-            "hardware_class": rt.hardware_class,
-            "reason": "CacheHit",
-            "message": f"reused validated artifact {prefix}",
-        }
-    )
-    event("Normal", "CacheHit", f"target {rt.name}: reused validated artifact {key[:12]}")
-    metrics.JOBS.labels(outcome="Cached").inc()
-    return ts
-
-
-def _launch_job(
-    cm: CompiledModel,
-    rt: ResolvedTarget,
-    kube: Kube,
-    settings: Settings,
-    key: str,
-    prefix: str,
-    event: EventFn,
-) -> TargetStatus:
-    """Create the target's compile Job (a 409 means it exists: deterministic name), unless suspended."""
-    base = _status(rt, key, phase="Pending")
-    if cm.spec.suspend:
-        base.reason, base.message = "Suspended", "spec.suspend is true: no new compile Job"
-        return base
-    manifest = build_job(cm, rt, key, prefix, settings)
-    try:
-        created = kube.create_job(cm.metadata.namespace or "default", manifest)
-    except ApiException as err:
-        if err.status not in (400, 422):
-            raise
-        why = spec_limits.job_refusal(cm, rt.target.name, api_message(err))
-        event("Warning", "JobRefused", f"target {rt.name}: {why}")
-        return _status(rt, key, phase="Failed", reason="JobRefused", message=why)
-    if created:
-        crash_point("after-job-create")
-    base.job = manifest["metadata"]["name"]
-    base.message = "compile Job created"
-    if created:
-        event(
-            "Normal", "JobCreated", f"target {rt.name}: created Job {base.job} on class {rt.hardware_class}"
-        )
-    return base
-
-
-def _digest_ok(cm: CompiledModel, digest: str | None) -> bool:
-    return cm.spec.source.digest is None or digest == cm.spec.source.digest
 
 
 def _alias_winners(

@@ -305,7 +305,7 @@ def test_an_overwritten_s3_source_changes_the_cache_fingerprint(store_root: str)
     """The operator cannot read the model, but an S3 object's ETag and size change when it is
     overwritten in place: the compile cache must not hand back the old model's artifact."""
     from kompile.api import parse_manifest
-    from kompile.operator.reconcile import StoreAccess, source_fingerprint
+    from kompile.operator.store_access import StoreAccess, source_fingerprint
 
     uri = join(store_root, "models", "m.onnx")
     doc = {
@@ -349,7 +349,7 @@ def test_a_cache_entry_is_served_only_with_every_file_it_names(
     from kompile.api.job_contract import RESULT_FILE, JobResult
     from kompile.api.status import TargetStatus
     from kompile.artifact_store import file_sizes
-    from kompile.operator.reconcile import StoreAccess, entry_complete
+    from kompile.operator.store_access import StoreAccess, entry_complete
 
     tree = tmp_path / "entry"
     (tree / "small" / "1").mkdir(parents=True)

@@ -105,14 +105,14 @@ def test_a_settled_generation_writes_each_pointer_once(tmp_path: Path) -> None:
 
 def test_a_store_outage_shows_in_store_reachable_and_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     from kompile.artifact_store import StoreError
-    from kompile.operator import reconcile as rec
+    from kompile.operator import store_access
     from kompile.operator.outages import Breaker
 
     def down(uri: str, *_: Any) -> None:
         raise StoreError(f"write of {uri} failed: EndpointConnectionError")
 
     monkeypatch.setattr(latest, "write_bytes", down)
-    monkeypatch.setattr(rec, "BREAKER", Breaker(first=0.0))
+    monkeypatch.setattr(store_access, "BREAKER", Breaker(first=0.0))
     events: list[tuple[str, str, str]] = []
     kube = SettledKube()
     doc = _settled_doc("s3://store/root")

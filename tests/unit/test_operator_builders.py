@@ -348,7 +348,7 @@ def test_a_result_not_yet_readable_is_waited_for_then_reported() -> None:
 
 
 def test_tensorrt_targets_are_refused_when_the_compile_image_cannot_build_for_the_runtime() -> None:
-    from kompile.operator.reconcile import _tensorrt_refusal
+    from kompile.operator.target_step import tensorrt_refusal
 
     model = cm(
         fleet={"enabled": True, "precisions": ["fp16"]},
@@ -359,15 +359,15 @@ def test_tensorrt_targets_are_refused_when_the_compile_image_cannot_build_for_th
     gpu = next(r for r in resolved if r.gpu)
     cpu = next(r for r in resolved if not r.gpu)
     mismatched = Settings(gpu_tensorrt_version="10.9.0", gpu_image="example/compile-gpu:trt10.9")
-    why = _tensorrt_refusal(model, gpu, mismatched)
+    why = tensorrt_refusal(model, gpu, mismatched)
     assert why and "10.13.3" in why and "10.9.0" in why and "example/compile-gpu:trt10.9" in why
-    assert _tensorrt_refusal(model, cpu, mismatched) is None  # CPU classes never build plans
-    assert _tensorrt_refusal(model, gpu, Settings(gpu_tensorrt_version="10.13.3")) is None
-    unknown = _tensorrt_refusal(model, gpu, Settings())
+    assert tensorrt_refusal(model, cpu, mismatched) is None  # CPU classes never build plans
+    assert tensorrt_refusal(model, gpu, Settings(gpu_tensorrt_version="10.13.3")) is None
+    unknown = tensorrt_refusal(model, gpu, Settings())
     assert unknown and "KOMPILE_GPU_TENSORRT_VERSION" in unknown
     no_trt = cm(targets=[{"name": "g", "backend": "inductor", "options": {"device": "cuda"}}])
     (rt,) = resolve_targets(no_trt.spec, discover(FLEET))
-    assert _tensorrt_refusal(no_trt, rt, mismatched) is None
+    assert tensorrt_refusal(no_trt, rt, mismatched) is None
 
 
 def test_the_job_reads_what_the_operator_set_through_one_contract() -> None:

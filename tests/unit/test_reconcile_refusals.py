@@ -65,8 +65,8 @@ def test_an_unreachable_store_never_changes_a_cache_key(monkeypatch: pytest.Monk
     URI, changing the key (a second Job under another prefix). Now no key is made and the target
     waits, saying why. The store is a stand-in that fails."""
     from kompile.artifact_store import StoreError
-    from kompile.operator import reconcile as rec
-    from kompile.operator.reconcile import StoreAccess, StoreUnavailable, source_fingerprint
+    from kompile.operator import store_access as rec
+    from kompile.operator.store_access import StoreAccess, StoreUnavailable, source_fingerprint
 
     def down(*_: Any) -> str:
         raise StoreError("head of s3://models/m.onnx failed: connection refused")
@@ -87,7 +87,8 @@ def test_a_jobs_own_prefix_is_where_its_result_is_read(tmp_path: Any) -> None:
     from kompile.api.resource import parse_manifest
     from kompile.api.status import TargetStatus
     from kompile.operator.jobs import ANNOTATION_CACHE_KEY, ANNOTATION_PREFIX
-    from kompile.operator.reconcile import StoreAccess, _target
+    from kompile.operator.store_access import StoreAccess
+    from kompile.operator.target_step import target_status
     from kompile.operator.targets import resolve_targets
 
     prefix = (tmp_path / "cache" / "where-the-job-wrote").as_uri()
@@ -107,7 +108,7 @@ def test_a_jobs_own_prefix_is_where_its_result_is_read(tmp_path: Any) -> None:
 
     cm = parse_manifest(_doc({}))
     (rt,) = resolve_targets(cm.spec, [])
-    ts = _target(cm, rt, job, None, PodsKube(), Settings(), StoreAccess(None, None), lambda *e: None)  # type: ignore[arg-type]
+    ts = target_status(cm, rt, job, None, PodsKube(), Settings(), StoreAccess(None, None), lambda *e: None)  # type: ignore[arg-type]
     assert ts.phase == "Succeeded" and ts.speedup == 2.0 and ts.cache_key == "k" * 40
 
 
@@ -118,8 +119,9 @@ def test_an_unreadable_cache_launches_nothing_and_backs_off(monkeypatch: pytest.
     call, so no Job can be created."""
     from kompile.api.resource import parse_manifest
     from kompile.artifact_store import StoreError
-    from kompile.operator import reconcile as rec
+    from kompile.operator import store_access as rec
     from kompile.operator.outages import Breaker
+    from kompile.operator.target_step import target_status
     from kompile.operator.targets import resolve_targets
 
     calls: list[str] = []
@@ -134,10 +136,10 @@ def test_an_unreadable_cache_launches_nothing_and_backs_off(monkeypatch: pytest.
     (rt,) = resolve_targets(cm.spec, [])
     settings = Settings(artifact_store="s3://cache/root", s3_endpoint="http://s3.internal:9000")
     store = rec.StoreAccess("http://s3.internal:9000", None)
-    first = rec._target(cm, rt, None, None, StatusOnlyKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
+    first = target_status(cm, rt, None, None, StatusOnlyKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
     assert (first.phase, first.reason) == ("Pending", "StoreUnavailable"), first
     assert "EndpointConnectionError" in (first.message or "") and first.job is None
-    again = rec._target(cm, rt, None, None, StatusOnlyKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
+    again = target_status(cm, rt, None, None, StatusOnlyKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
     assert again.reason == "StoreUnavailable" and "next attempt in" in (again.message or "")
     assert len(calls) == 1  # the second look waited out the backoff instead of calling
     assert first.cache_key == again.cache_key  # an outage never changes a key

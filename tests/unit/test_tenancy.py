@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from kompile.api.resource import parse_manifest
-from kompile.operator.reconcile import NO_KEYS, reconcile, store_access
+from kompile.operator.reconcile import reconcile
 from kompile.operator.settings import Settings
+from kompile.operator.store_access import NO_KEYS, store_access
 from kompile.operator.tenancy import refusal
 from tests.unit.test_reconcile_refusals import StatusOnlyKube
 

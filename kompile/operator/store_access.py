@@ -1,0 +1,140 @@
+"""How the operator reaches a CompiledModel's artifact store: its endpoint and credentials (only
+the tenant's own Secret, or none, for a store that is not the operator's), every call through the
+endpoint's breaker, the source's identity for the cache key, and what a cache entry holds."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+from kompile.api.job_contract import RESULT_FILE, JobResult
+from kompile.api.resource import CompiledModel
+from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
+from kompile.operator import tenancy
+from kompile.operator.kube import Kube
+from kompile.operator.outages import BREAKER
+from kompile.operator.settings import Settings
+
+log = logging.getLogger("kompile.operator")
+
+EventFn = Callable[[str, str, str], None]
+"""(type Normal|Warning, reason, message)"""
+
+
+def store_root(cm: CompiledModel, settings: Settings) -> str:
+    store = cm.spec.registry.artifact_store if cm.spec.registry else None
+    return store or settings.artifact_store
+
+
+STORE_UNAVAILABLE = "StoreUnavailable"
+STORE_REACHABLE = "StoreReachable"
+T = TypeVar("T")
+
+
+class StoreUnavailable(RuntimeError):
+    """The artifact store cannot be read now: no cache key can be computed, so nothing is launched."""
+
+
+def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, image: str | None = None) -> str:
+    """The source's identity for the cache key, without reading the model (no torch here): its
+    digest when the spec pins one; for s3:// the object's ETag and size, so a model overwritten in
+    place is compiled again; for python:// the compile image too, since the factory's code ships
+    in it; else the URI."""
+    src = cm.spec.source
+    if src.digest:
+        return src.digest
+    if src.uri.startswith("s3://") and store is not None:
+        # Unreadable raises StoreUnavailable: falling back to the URI would change the key (a new
+        # Job under another prefix).
+        tag = store_call(src.uri, store, lambda: object_version(src.uri, store.endpoint, store.credentials))
+        if tag:
+            return f"s3:{src.uri}@{tag}"
+    if src.uri.startswith("python://") and image:
+        return f"uri:{src.uri}@{image}"
+    return f"uri:{src.uri}"
+
+
+NO_KEYS = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+
+
+@dataclass(frozen=True)
+class StoreAccess:
+    """How the operator reaches a CompiledModel's artifact store."""
+
+    endpoint: str | None
+    credentials: Mapping[str, str] | None
+
+
+def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: EventFn) -> StoreAccess:
+    """Endpoint from the spec or settings; credentials from the Secret the spec names, else the
+    operator's own environment (boto3's default chain)."""
+    registry = cm.spec.registry
+    endpoint = (registry.s3_endpoint if registry else None) or settings.s3_endpoint
+    # The operator's default Secret is for its own store only (tenancy.refusal keeps the rest out).
+    secret = (
+        registry.credentials_secret.name
+        if registry and registry.credentials_secret
+        else settings.store_secret
+    )
+    # Without a readable Secret, a store not the operator's own gets empty keys, never the
+    # operator's (boto3's environment chain).
+    own_store = not endpoint or tenancy.host_of(endpoint) in tenancy.own_hosts(settings)
+    fallback = None if own_store else NO_KEYS
+    if not secret:
+        return StoreAccess(endpoint, fallback)
+    try:
+        return StoreAccess(endpoint, kube.secret_data(cm.metadata.namespace or "default", secret))
+    except ApiException as err:
+        event("Warning", "CredentialsUnavailable", f"Secret {secret}: {err.status} {err.reason}")
+        return StoreAccess(endpoint, fallback)
+
+
+def store_call(uri: str, store: StoreAccess, call: Callable[[], T]) -> T:
+    """One artifact-store call about uri, through the store endpoint's breaker: StoreUnavailable
+    when it fails, and at once while the endpoint backs off after a failure (no worker waits
+    out a timeout per CompiledModel)."""
+    if not is_s3(uri):
+        try:
+            return call()
+        except StoreError as err:
+            raise StoreUnavailable(str(err)) from err
+    endpoint = store.endpoint or "s3"
+    wait = BREAKER.wait(endpoint)
+    if wait is not None:
+        raise StoreUnavailable(f"{wait[1]}; next attempt in {wait[0]:.0f} s")
+    try:
+        out = call()
+    except StoreError as err:
+        delay = BREAKER.failed(endpoint, f"artifact store {endpoint}: {err}")
+        raise StoreUnavailable(f"artifact store {endpoint}: {err}; next attempt in {delay:.0f} s") from err
+    BREAKER.succeeded(endpoint)
+    return out
+
+
+def read_stored_result(prefix: str, store: StoreAccess) -> JobResult | None:
+    """result.json at a cache prefix, or None when absent or unreadable as one; StoreUnavailable
+    when the store cannot be read (a miss then would compile again what is there)."""
+    uri = join(prefix, RESULT_FILE)
+    data = store_call(uri, store, lambda: read_bytes(uri, store.endpoint, store.credentials))
+    if data is None:
+        return None
+    try:
+        return JobResult.loads(data)
+    except ValueError:
+        return None
+
+
+def entry_complete(prefix: str, result: JobResult, store: StoreAccess) -> bool:
+    """Every file the cache entry's result.json names is there at its size: an entry whose upload
+    was cut short, or one written before results listed their files, is compiled again."""
+    if not result.files:
+        return False
+    present = store_call(prefix, store, lambda: file_sizes(prefix, store.endpoint, store.credentials))
+    missing = sorted(rel for rel, size in result.files.items() if present.get(rel) != size)
+    if missing:
+        log.warning("cache entry %s lacks %s: compiling again", prefix, ", ".join(missing[:5]))
+    return not missing
