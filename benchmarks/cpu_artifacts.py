@@ -204,6 +204,20 @@ def measure_case(
     return report
 
 
+def add_run_artifacts(run: CaseRun, artifacts: list[Spec]) -> None:
+    """add_artifacts for one case's run: its ONNX export, folder, threads and reference."""
+    add_artifacts(
+        artifacts,
+        run.onnx_path,
+        run.work / run.case.name,
+        run.threads,
+        run.feeds,
+        run.reference,
+        run.runtimes,
+        run.callers,
+    )
+
+
 def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
     """Export, build every runtime, validate each against eager, then time them all interleaved."""
 
@@ -211,16 +225,7 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
         artifacts = [
             (n, p, q, {}) for n, p, q in ARTIFACTS if not args.only or n in args.only
         ] + args.artifact
-        add_artifacts(
-            artifacts,
-            run.onnx_path,
-            work / case.name,
-            threads,
-            run.feeds,
-            run.reference,
-            run.runtimes,
-            run.callers,
-        )
+        add_run_artifacts(run, artifacts)
 
     report = measure_case(case, args, work, threads, ort_artifacts)
     report["best"] = best_validated(report)

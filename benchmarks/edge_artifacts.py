@@ -35,7 +35,7 @@ from cpu_artifacts import (  # noqa: E402
     ARTIFACTS,
     CaseRun,
     ModelCase,
-    add_artifacts,
+    add_run_artifacts,
     best_validated,
     main,
     measure_case,
@@ -48,13 +48,16 @@ from kompile.api.vocabulary import Quantization  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, get_backend  # noqa: E402
 from kompile.compile_jobs.build import compile_request  # noqa: E402
 
-EDGE: list[tuple[str, Precision, Quantization | None]] = [
-    ("executorch-fp32", "fp32", None),
-    ("executorch-int8", "int8", "static"),
+BuiltSpec = tuple[str, str, Precision, Quantization | None, dict[str, str]]
+"""(label, backend, precision, quantization, options) of an artifact a kompile backend builds."""
+
+EDGE: list[BuiltSpec] = [
+    ("executorch-fp32", "executorch", "fp32", None, {}),
+    ("executorch-int8", "executorch", "int8", "static", {}),
     # LiteRT in its own environment (scripts/setup-backend-env.sh litert): timed in that process.
-    ("litert-fp32", "fp32", None),
-    ("litert-int8", "int8", "static"),
-    ("litert-int8-dynamic", "int8", "dynamic"),
+    ("litert-fp32", "litert", "fp32", None, {}),
+    ("litert-int8", "litert", "int8", "static", {}),
+    ("litert-int8-dynamic", "litert", "int8", "dynamic", {}),
 ]
 ORT = [(n, p, q, {}) for n, p, q in ARTIFACTS if n in ("ort-fp32", "ort-int8-static")]
 
@@ -68,23 +71,26 @@ def static_signature(run: CaseRun) -> list[InputSpec]:
     ]
 
 
-def add_edge(run: CaseRun) -> None:
-    """Build, load and validate each ExecuTorch program and LiteRT model (the reference inputs
-    calibrate int8)."""
+def add_built(run: CaseRun, specs: list[BuiltSpec]) -> None:
+    """Build, load and validate each artifact with kompile's backend, as a run's candidate would be
+    (the reference inputs calibrate int8); a backend's failure is recorded, not raised."""
     signature = static_signature(run)
-    for name, precision, quantization in EDGE:
-        backend = get_backend(name.split("-")[0])
-        target = Target(name=name, backend=backend.name, precision=precision, quantization=quantization)
-        start = time.perf_counter()
-        request = compile_request(
-            target,
-            module=run.model,
-            out_dir=run.work / run.case.name / name,
-            signature=signature,
-            feeds=run.feeds,
-            threads=run.threads,
+    for name, backend_name, precision, quantization, options in specs:
+        backend = get_backend(backend_name)
+        target = Target(
+            name=name, backend=backend.name, precision=precision, quantization=quantization, options=options
         )
+        start = time.perf_counter()
         try:
+            request = compile_request(
+                target,
+                module=run.model,
+                onnx_path=run.onnx_path,
+                out_dir=run.work / run.case.name / name,
+                signature=signature,
+                feeds=run.feeds,
+                threads=run.threads,
+            )
             artifact = backend.compile(request)
         except BackendError as err:  # recorded, like a failed candidate in a run
             run.runtimes[name] = {"error": f"{getattr(err, 'reason', type(err).__name__)}: {str(err)[-600:]}"}
@@ -103,10 +109,8 @@ def add_edge(run: CaseRun) -> None:
 
 def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
     def runtimes(run: CaseRun) -> None:
-        add_artifacts(
-            ORT, run.onnx_path, work / case.name, threads, run.feeds, run.reference, run.runtimes, run.callers
-        )
-        add_edge(run)
+        add_run_artifacts(run, ORT)
+        add_built(run, EDGE)
 
     report = measure_case(case, args, work, threads, runtimes, reference_batch=1)
     report["best"] = best_validated(report)

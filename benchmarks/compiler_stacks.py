@@ -1,0 +1,68 @@
+"""The compiler stacks the field names (Apache TVM, IREE, XLA) beside eager and ONNX Runtime on this
+machine's CPU; prints JSON.
+
+For each model at batch 1: TVM untuned and MetaSchedule-tuned (the trial and time budget given,
+the tuning database shared by the models of the run, as a hardware class shares it), IREE with its
+default and its chosen llvm-cpu flags, and XLA (torchax to StableHLO, jax.export), each built by
+kompile's backend in its own environment and timed in that process; ONNX Runtime fp32 and eager
+PyTorch in the same interleaved rounds (cpu_artifacts' machinery). Every artifact is validated
+against eager (cosine and errors) and its compile seconds recorded. The CPU's instruction sets are
+printed beside the figures.
+
+    python benchmarks/compiler_stacks.py --models resnet50,bert_base --threads 2 \
+        --tvm-trials 2000 --tvm-minutes 30 --out benchmarks/results/compiler-stacks-<date>-<cpu>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT)]
+
+from cpu_artifacts import CaseRun, ModelCase, add_run_artifacts, best_validated, main, measure_case  # noqa: E402
+from edge_artifacts import ORT, BuiltSpec, add_built  # noqa: E402
+
+ORT_FP32 = [a for a in ORT if a[0] == "ort-fp32"]
+BUDGET: dict[str, str] = {}
+"""The TVM tuning budget of this run (--tvm-trials, --tvm-minutes), as target options."""
+
+
+def stacks() -> list[BuiltSpec]:
+    return [
+        ("tvm-untuned", "tvm", "fp32", None, {"tuningTrials": "0"}),
+        ("tvm-tuned", "tvm", "fp32", None, dict(BUDGET)),
+        ("iree-default", "iree", "fp32", None, {"flags": "default"}),
+        ("iree-tuned", "iree", "fp32", None, {"flags": "tuned"}),
+        ("xla", "xla", "fp32", None, {}),
+    ]
+
+
+def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
+    def runtimes(run: CaseRun) -> None:
+        add_run_artifacts(run, ORT_FP32)
+        add_built(run, stacks())
+
+    report = measure_case(case, args, work, threads, runtimes, reference_batch=1)
+    report["best"] = best_validated(report)
+    report["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
+    return report
+
+
+def _budget(argv: list[str]) -> list[str]:
+    """Takes --tvm-trials/--tvm-minutes off argv (the shared parser does not know them)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--tvm-trials", default="64")
+    p.add_argument("--tvm-minutes", default="5")
+    known, rest = p.parse_known_args(argv)
+    BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes)
+    return rest
+
+
+if __name__ == "__main__":
+    defaults = ["--models", "resnet50,bert_base", "--batch-sizes", "1", "--no-torch-compile"]
+    raise SystemExit(main(defaults + _budget(sys.argv[1:]), case_runner=run_case))
