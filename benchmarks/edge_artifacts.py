@@ -68,11 +68,11 @@ def static_signature(run: CaseRun) -> list[InputSpec]:
     ]
 
 
-def add_edge(run: CaseRun) -> None:
-    """Build, load and validate each ExecuTorch program and LiteRT model (the reference inputs
-    calibrate int8)."""
+def add_edge(run: CaseRun, builds: list[tuple[str, Precision, Quantization | None]] = EDGE) -> None:
+    """Build, load and validate each of `builds` (`<backend>-...` names; default: each ExecuTorch
+    program and LiteRT model) at the reference feeds' static shapes (they calibrate int8)."""
     signature = static_signature(run)
-    for name, precision, quantization in EDGE:
+    for name, precision, quantization in builds:
         backend = get_backend(name.split("-")[0])
         target = Target(name=name, backend=backend.name, precision=precision, quantization=quantization)
         start = time.perf_counter()
@@ -91,9 +91,11 @@ def add_edge(run: CaseRun) -> None:
             continue
         compile_s = time.perf_counter() - start
         runner = backend.load(artifact, run.threads)
+        load_s = time.perf_counter() - start - compile_s  # XLA compiles its module here
         cand = [runner.run(f) for f in run.feeds]
         run.runtimes[name] = {
             "compile_s": round(compile_s, 2),
+            "load_s": round(load_s, 2),
             "bytes": artifact.model_path.stat().st_size,
             "options": artifact.options,
             "validation": validation_figures(run.reference, cand, runner.output_names, precision),
