@@ -82,6 +82,7 @@ def add_edge(run: CaseRun, builds: list[tuple[str, Precision, Quantization | Non
             out_dir=run.work / run.case.name / name,
             signature=signature,
             feeds=run.feeds,
+            onnx_path=run.onnx_path,  # for a backend that compiles the ONNX export (OpenVINO)
             threads=run.threads,
         )
         try:

@@ -1,12 +1,12 @@
-"""The xla backend (torchax -> jax.export -> XLA CPU, in its own environment) beside eager and ONNX
-Runtime fp32 on this machine's CPU; prints JSON.
+"""The xla backend (torchax -> jax.export -> XLA CPU, in its own environment) beside eager, ONNX
+Runtime fp32 and OpenVINO fp32 on this machine's CPU; prints JSON.
 
 For each model at batch 1: the XLA module built by kompile's xla backend (exported at the static
-batch-1 shape, timed in its environment's process), ONNX Runtime fp32 built by the onnxruntime
-backend and eager PyTorch, each validated against eager, with the artifact's bytes and compile
-seconds (the xla figure includes starting its environment and torchax's lowering; XLA's own
-compile happens at load, reported as `load_s`), all timed in the same interleaved rounds
-(cpu_artifacts' machinery). The CPU's instruction sets are printed beside the figures.
+batch-1 shape, timed in its environment's process), ONNX Runtime fp32 and OpenVINO fp32 built by
+kompile's onnxruntime and openvino backends and eager PyTorch, each validated against eager, with
+the artifact's bytes and compile seconds (the xla figure includes starting its environment and
+torchax's lowering; XLA's own compile happens at load, reported as `load_s`), all timed in the
+same interleaved rounds (cpu_artifacts' machinery). The CPU's instruction sets are printed beside the figures.
 
     python benchmarks/xla_stack.py --models resnet50,bert_base --threads 2 \\
         --out benchmarks/results/xla-stack-<date>-<cpu>.json
@@ -41,7 +41,8 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
             run.runtimes,
             run.callers,
         )
-        add_edge(run, [("xla-fp32", "fp32", None)])
+        # OpenVINO fp32 (INFERENCE_PRECISION_HINT f32), the other fp32 CPU backend auto offers.
+        add_edge(run, [("xla-fp32", "fp32", None), ("openvino-fp32", "fp32", None)])
 
     report = measure_case(case, args, work, threads, runtimes, reference_batch=1)
     report["best"] = best_validated(report)
