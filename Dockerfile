@@ -94,6 +94,23 @@ USER 65532:65532
 ENTRYPOINT ["kompile-job"]
 
 # ---------------------------------------------------------------------------------------------------
+# The CPU compile image plus the xla backend's own environment (torchax 0.0.13 imports only with
+# torch 2.9): requirements/env-xla.txt at a fixed path that KOMPILE_ENV_XLA names. The operator's
+# KOMPILE_ENV_IMAGES (default xla=ghcr.io/kompile/compile-xla:0.1.0) sends targets with an xla
+# candidate here. About 6.5 GB more (torch 2.9 with its CUDA libraries, jaxlib).
+FROM compile-cpu AS compile-xla
+USER 0
+WORKDIR /opt/kompile
+COPY requirements/env-xla.txt requirements/env-xla.txt
+COPY scripts/setup-backend-env.sh scripts/setup-backend-env.sh
+RUN PIP_NO_CACHE_DIR=1 KOMPILE_CACHE=/opt/kompile/envs scripts/setup-backend-env.sh xla > /tmp/env-path \
+    && ln -s "$(cat /tmp/env-path)" /opt/kompile/envs/xla \
+    && rm /tmp/env-path
+ENV KOMPILE_ENV_XLA=/opt/kompile/envs/xla
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]
+
+# ---------------------------------------------------------------------------------------------------
 # The GPU compile image: NVIDIA's TensorRT container brings TensorRT, its Python bindings and CUDA;
 # kompile adds torch (PyPI's CUDA wheel) for export and the inductor backend, ONNX Runtime (CPU) for
 # the reference run and the CPU check of prepared graphs, and NVIDIA ModelOpt without its [onnx]

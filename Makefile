@@ -6,8 +6,8 @@ EXAMPLE ?= examples/resnet50.yaml
 SEED ?= $(shell date +%s)
 
 # Backends' own environments (requirements/env-*.txt; cached under ~/.cache/kompile by the hash of
-# each file): litert's first build takes about 5 minutes and 6.6 GB (a second torch).
-ENVS ?= litert
+# each file): litert's and xla's first builds take about 5 minutes and 6.5 GB each (a second torch).
+ENVS ?= litert xla
 
 .PHONY: demo test lint unit envs control-plane dev-cluster crds mlflow-ui
 

@@ -4,8 +4,8 @@ machine's CPU; prints JSON.
 For each model at batch 1: TVM untuned and MetaSchedule-tuned (the trial and time budget given,
 the tuning database shared by the models of the run, as a hardware class shares it), IREE with its
 default and its chosen llvm-cpu flags, and XLA (torchax to StableHLO, jax.export), each built by
-kompile's backend in its own environment and timed in that process; ONNX Runtime fp32 and eager
-PyTorch in the same interleaved rounds (cpu_artifacts' machinery). Every artifact is validated
+kompile's backend in its own environment and timed in that process; ONNX Runtime fp32, OpenVINO
+fp32 and eager PyTorch in the same interleaved rounds (cpu_artifacts' machinery). Every artifact is validated
 against eager (cosine and errors) and its compile seconds recorded. The CPU's instruction sets are
 printed beside the figures.
 
@@ -39,6 +39,8 @@ def stacks() -> list[BuiltSpec]:
         ("iree-default", "iree", "fp32", None, {"flags": "default"}),
         ("iree-tuned", "iree", "fp32", None, {"flags": "tuned"}),
         ("xla", "xla", "fp32", None, {}),
+        # OpenVINO fp32 (INFERENCE_PRECISION_HINT f32): the other fp32 CPU compiler a user would pick.
+        ("openvino-fp32", "openvino", "fp32", None, {}),
     ]
 
 

@@ -92,14 +92,16 @@ def add_built(run: CaseRun, specs: list[BuiltSpec]) -> None:
                 threads=run.threads,
             )
             artifact = backend.compile(request)
+            compile_s = time.perf_counter() - start
+            runner = backend.load(artifact, run.threads)
+            load_s = time.perf_counter() - start - compile_s  # XLA compiles its module here
+            cand = [runner.run(f) for f in run.feeds]
         except BackendError as err:  # recorded, like a failed candidate in a run
             run.runtimes[name] = {"error": f"{getattr(err, 'reason', type(err).__name__)}: {str(err)[-600:]}"}
             continue
-        compile_s = time.perf_counter() - start
-        runner = backend.load(artifact, run.threads)
-        cand = [runner.run(f) for f in run.feeds]
         run.runtimes[name] = {
             "compile_s": round(compile_s, 2),
+            "load_s": round(load_s, 2),
             "bytes": artifact.model_path.stat().st_size,
             "options": artifact.options,
             "validation": validation_figures(run.reference, cand, runner.output_names, precision),

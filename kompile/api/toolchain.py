@@ -26,6 +26,7 @@ ENVIRONMENT_PINNED: dict[str, dict[str, str]] = {
         "ai-edge-quantizer": "0.10.0",
         "torch": "2.14.1",
     },
+    "xla": {"jax": "0.10.2", "jaxlib": "0.10.2", "torchax": "0.0.13", "torch": "2.9.1"},
 }
 """Per own environment (a catalog entry's `environment`): the versions its env-<name>.txt pins."""
 

@@ -168,3 +168,14 @@ def build_and_compare(
     outputs = request.reference.with_outputs(name, [runner.run(f) for f in feeds])
     verdict = run_results.compare(request.reference, outputs, resolve_thresholds(target.precision))
     return artifact, runner, verdict
+
+
+def environment_or_fail(name: str) -> None:
+    """Fail (not skip: a skip would let CI pass without ever running the backend) when backend
+    environment `name` is not built, saying how to build it; `make test` builds it."""
+    from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
+
+    try:
+        find_environment(name)
+    except EnvironmentMissing as missing:
+        pytest.fail(str(missing))

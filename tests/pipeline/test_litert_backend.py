@@ -14,18 +14,12 @@ import torch
 from kompile.api.spec import InputSpec, Precision, Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
-from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
-from tests.pipeline.conftest import IMAGE, build_and_compare, small_cnn_doc
+from tests.pipeline.conftest import IMAGE, build_and_compare, environment_or_fail, small_cnn_doc
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _litert_environment() -> None:
-    """`make test` builds it; run by hand without it, each test fails saying how to build it (a
-    skip would let CI pass without ever running LiteRT)."""
-    try:
-        find_environment("litert")
-    except EnvironmentMissing as missing:
-        pytest.fail(str(missing))
+    environment_or_fail("litert")
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,10 @@ STAGES = {
     "operator": ["kompile", "operator"],
     "compile-cpu": ["kompile-job"],
     "compile-litert": ["kompile-job"],
+    "compile-xla": ["kompile-job"],
     "compile-gpu": ["kompile-job"],
 }
-ENV_STAGES = {"compile-litert": "litert"}
+ENV_STAGES = {"compile-litert": "litert", "compile-xla": "xla"}
 """Stages that add a backend's own environment to the CPU image (no pip install of their own)."""
 HEAVY = {"torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "tensorrt", "onnx"}
 
@@ -72,7 +73,7 @@ def test_base_images_are_pinned() -> None:
     # Exact Python patch release and Debian release: a rebuild cannot move either silently.
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", images["operator"]), images
     assert images["compile-cpu"] == images["operator"]
-    assert images["compile-litert"] == "compile-cpu"  # the CPU image plus the environment
+    assert images["compile-litert"] == images["compile-xla"] == "compile-cpu"  # CPU image + environment
     # A monthly NGC release; TensorRT plans are tied to its TensorRT version.
     assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d{2}\.\d{2}-py3", images["compile-gpu"]), images
 

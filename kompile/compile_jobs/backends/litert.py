@@ -56,11 +56,14 @@ def save_arrays(path: Path, arrays: list[Array]) -> str:
 
 
 class LiteRtRunner:
-    """A `.tflite` model run by the LiteRT interpreter in the environment's process."""
+    """A `.tflite` model run by the LiteRT interpreter in the environment's process (or another
+    environment's artifact: its steps answer the same load and run requests)."""
 
-    def __init__(self, path: Path, input_names: list[str], threads: int) -> None:
+    def __init__(
+        self, path: Path, input_names: list[str], threads: int, environment: str = ENVIRONMENT
+    ) -> None:
         self.path, self.input_names = path, input_names
-        self.process = EnvProcess(ENVIRONMENT)
+        self.process = EnvProcess(environment)
         reply = self.process.call({"op": "load", "model": str(path.resolve()), "threads": threads})
         count = len(reply["outputs"])
         self.output_names: list[str] = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
@@ -111,6 +114,57 @@ def calibration_files(request: CompileRequest, args: tuple[torch.Tensor, ...], s
     return [save_arrays(scratch / f"calibration-{i}.npz", [f[n] for n in names]) for i, f in files]
 
 
+def save_program(request: CompileRequest, args: tuple[torch.Tensor, ...], path: Path, what: str) -> None:
+    """`torch.export` of the source module at `args`, saved at `path` for a backend's environment;
+    a BackendError naming the construct export cannot take."""
+    with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
+        try:
+            program = torch.export.export(request.module.eval(), args)
+        except EXPORT_ERRORS as err:
+            raise BackendError(describe_export_error(err, type(request.module).__qualname__, what)) from err
+        torch.export.save(program, path)
+
+
+def compile_in_environment(
+    environment: str,
+    scratch: Path,
+    args: tuple[torch.Tensor, ...],
+    out: Path,
+    precision: str,
+    quantization: str = "",
+    calibration: list[str] | None = None,
+) -> dict[str, str]:
+    """The environment's compile step on the program `save_program` wrote in `scratch`: what it
+    records."""
+    with EnvProcess(environment, scratch) as env:
+        reply = env.call(
+            {
+                "op": "compile",
+                "program": str(scratch / "program.pt2"),
+                "example": save_arrays(scratch / "example.npz", [a.numpy() for a in args]),
+                "calibration": calibration or [],
+                "precision": precision,
+                "quantization": quantization,
+                "out": str(out.resolve()),
+            }
+        )
+    record: dict[str, str] = reply["record"]
+    return record
+
+
+def built_in_environment(backend: Backend, out: Path, record: dict[str, str]) -> CompiledArtifact:
+    """The artifact an environment's compile step wrote at `out`, its versions read there."""
+    toolchain = {**backend.installed_versions(), "cpu": cpu_description()}
+    return CompiledArtifact(backend=backend.name, model_path=out, options=record, toolchain=toolchain)
+
+
+def load_in_environment(artifact: CompiledArtifact, threads: int | None, environment: str) -> LiteRtRunner:
+    """The artifact loaded in its environment's process, on `threads` (else the recorded count)."""
+    recorded = artifact.options.get("threads", "")
+    count = threads or (int(recorded) if recorded.isdigit() else available_cores())
+    return LiteRtRunner(artifact.model_path, artifact.options["inputOrder"].split(","), count, environment)
+
+
 class LiteRtBackend(Backend):
     name = "litert"
 
@@ -118,17 +172,11 @@ class LiteRtBackend(Backend):
         self.check_request(request)
         target = request.target
         args, record = device_example(request, self.name, options_of(request, LiteRtOptions).intra_op_threads)
-        label = type(request.module).__qualname__
         out = request.out_dir / "model.tflite"
         request.out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="litert-", dir=request.out_dir) as tmp:
             scratch = Path(tmp)
-            with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
-                try:
-                    program = torch.export.export(request.module.eval(), args)
-                except EXPORT_ERRORS as err:
-                    raise BackendError(describe_export_error(err, label, "a LiteRT model")) from err
-                torch.export.save(program, scratch / "program.pt2")
+            save_program(request, args, scratch / "program.pt2", "a LiteRT model")
             quantization = (target.quantization or "static") if target.precision == "int8" else ""
             calibration = calibration_files(request, args, scratch) if quantization == "static" else []
             if quantization == "static" and not calibration:
@@ -137,32 +185,16 @@ class LiteRtBackend(Backend):
                     f"{[list(a.shape) for a in args]} and the run has none; give spec.validation a "
                     "dataset at that shape, or use quantization dynamic"
                 )
-            with EnvProcess(ENVIRONMENT, scratch) as env:
-                reply = env.call(
-                    {
-                        "op": "compile",
-                        "program": str(scratch / "program.pt2"),
-                        "example": save_arrays(scratch / "example.npz", [a.numpy() for a in args]),
-                        "calibration": calibration,
-                        "precision": target.precision,
-                        "quantization": quantization,
-                        "out": str(out.resolve()),
-                    }
-                )
-        record.update(reply["record"])
-        return CompiledArtifact(
-            backend=self.name,
-            model_path=out,
-            options=record,
-            toolchain={**self.installed_versions(), "cpu": cpu_description()},
-        )
+            reply = compile_in_environment(
+                ENVIRONMENT, scratch, args, out, target.precision, quantization, calibration
+            )
+        record.update(reply)
+        return built_in_environment(self, out, record)
 
     def load(
         self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu"
     ) -> LiteRtRunner:
-        recorded = artifact.options.get("threads", "")
-        count = threads or (int(recorded) if recorded.isdigit() else available_cores())
-        return LiteRtRunner(artifact.model_path, artifact.options["inputOrder"].split(","), count)
+        return load_in_environment(artifact, threads, ENVIRONMENT)
 
 
 BACKEND = LiteRtBackend()

@@ -1,0 +1,35 @@
+"""Catalog entry: XLA through JAX for CPUs (compile_jobs/backends/xla.py): torchax turns the torch
+program into StableHLO, `jax.export` serializes it, JAX's XLA CPU runtime runs it. Built and run in
+the backend's own environment (requirements/env-xla.txt: torchax 0.0.13 imports only with torch 2.9)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from kompile.api.catalog.base import BackendEntry, BackendOptions, Count
+
+
+class XlaOptions(BackendOptions):
+    """XLA options."""
+
+    intra_op_threads: Count = Field(
+        default=0,
+        description="Cores the XLA CPU runtime uses at validation and timing (its thread pool is sized "
+        "from the process's CPU affinity); 0: the run's, else all cores.",
+    )
+
+
+ENTRY = BackendEntry(
+    name="xla",
+    summary="torchax + jax.export + JAX's XLA CPU runtime: a serialized StableHLO module with the weights "
+    "baked in; fp32. Converted at a static shape (the signature's opt). Runs in its own environment "
+    "(scripts/setup-backend-env.sh xla). No server runs jax.export artifacts: not rolled out.",
+    devices=("cpu",),
+    precisions=frozenset({"fp32"}),
+    consumes="torch",
+    options=XlaOptions,
+    extra="torch",
+    version_from=("jax", "jaxlib", "torchax", "torch"),
+    serving=None,
+    environment="xla",
+)

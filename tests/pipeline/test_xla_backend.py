@@ -1,0 +1,85 @@
+"""The XLA backend for real on a small CNN, in its own environment (scripts/setup-backend-env.sh xla;
+`make test` builds it): torch.export here (torch 2.15), torchax and jax.export there (torch 2.9),
+the module validated against eager and timed by JAX's XLA CPU runtime in that environment's process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kompile.api.spec import Target
+from kompile.compile_jobs.backends.base import BackendError, Feeds
+from kompile.compile_jobs.benchmark import SelfTimed
+from tests.pipeline.conftest import IMAGE, build_and_compare, environment_or_fail, small_cnn_doc
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _xla_environment() -> None:
+    environment_or_fail("xla")
+
+
+@pytest.fixture(scope="module")
+def feeds() -> list[Feeds]:
+    rng = np.random.default_rng(0)
+    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
+
+
+def test_fp32_module_matches_eager_and_is_timed_in_its_environment(
+    feeds: list[Feeds], tmp_path: Path
+) -> None:
+    from models.small import small_cnn
+
+    target = Target(name="cpu-xla", backend="xla", precision="fp32")
+    artifact, runner, verdict = build_and_compare(target, small_cnn(), [IMAGE], feeds, tmp_path)
+    try:
+        assert verdict.passed, verdict.failures
+        assert min(o.cosine for o in verdict.outputs) > 0.99999
+        assert artifact.model_path.name == "model.xla" and artifact.serving is None
+        o = artifact.options
+        assert o["threads"] == "2" and o["converter"] == "torchax" and o["weights"] == "baked"
+        assert o["exportedStatic"] == "input=[1, 3, 32, 32]" and o["xlaInputDtypes"] == "float32"
+        assert artifact.toolchain["torch"] == "2.9.1" and artifact.toolchain["torchax"] == "0.0.13"
+        assert artifact.toolchain["jaxlib"] == "0.10.2"
+        assert runner.output_names == ["output"]
+        timed = runner.timed(feeds[0])
+        assert isinstance(timed, SelfTimed) and timed.ns > 0
+        with pytest.raises(BackendError, match=r"exported at the static shapes \[\(1, 3, 32, 32\)\]"):
+            runner.run({"input": np.zeros((2, 3, 32, 32), np.float32)})
+    finally:
+        runner.close()
+
+
+class _Airy(torch.nn.Module):
+    """A convolution, then an op torchax has no lowering for (aten.special_airy_ai)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.airy_ai(self.conv(x))
+
+
+def test_an_op_torchax_cannot_lower_is_named_with_its_source_line(feeds: list[Feeds], tmp_path: Path) -> None:
+    target = Target(name="cpu-xla", backend="xla", precision="fp32")
+    with pytest.raises(BackendError) as err:
+        build_and_compare(target, _Airy().eval(), [IMAGE], feeds, tmp_path)
+    message = str(err.value)
+    assert message.startswith("torchax could not lower the model to StableHLO at node special_airy_ai")
+    assert "aten.special_airy_ai.default" in message and "test_xla_backend.py" in message
+
+
+def test_kompile_run_validates_and_times_an_xla_target(kompile_run: Any, write_manifest: Any) -> None:
+    doc = small_cnn_doc(targets=[{"name": "cpu-xla", "backend": "xla", "precision": "fp32"}])
+    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
+    res = kompile_run(write_manifest(doc))
+    target = res.status["targets"][0]
+    assert target["phase"] == "Succeeded", target
+    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
+    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
+    assert [s["batchSize"] for s in target["latency"]] == [1]  # exported at batch 1 only
+    assert target["speedup"] > 0
