@@ -111,6 +111,25 @@ USER 65532:65532
 ENTRYPOINT ["kompile-job"]
 
 # ---------------------------------------------------------------------------------------------------
+# The CPU compile image plus every backend's own environment (requirements/env-*.txt), each at
+# /opt/kompile/envs/<name> where KOMPILE_ENVS_DIR finds it: the operator's KOMPILE_ENVS_IMAGE
+# (default ghcr.io/kompile/compile-envs:0.1.0) runs a target whose candidates need several own
+# environments (litert and xla, say) here, since one Job builds every candidate of its target.
+FROM compile-cpu AS compile-envs
+USER 0
+WORKDIR /opt/kompile
+COPY requirements/env-*.txt requirements/
+COPY scripts/setup-backend-env.sh scripts/setup-backend-env.sh
+RUN for pins in requirements/env-*.txt; do \
+        name="$(basename "$pins" .txt)" && name="${name#env-}" \
+        && PIP_NO_CACHE_DIR=1 KOMPILE_CACHE=/opt/kompile/envs scripts/setup-backend-env.sh "$name" > /tmp/env-path \
+        && ln -s "$(cat /tmp/env-path)" "/opt/kompile/envs/$name" || exit 1; \
+    done && rm -f /tmp/env-path
+ENV KOMPILE_ENVS_DIR=/opt/kompile/envs
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]
+
+# ---------------------------------------------------------------------------------------------------
 # The GPU compile image: NVIDIA's TensorRT container brings TensorRT, its Python bindings and CUDA;
 # kompile adds torch (PyPI's CUDA wheel) for export and the inductor backend, ONNX Runtime (CPU) for
 # the reference run and the CPU check of prepared graphs, and NVIDIA ModelOpt without its [onnx]

@@ -2,7 +2,7 @@
 versions it holds, and `EnvProcess`, its python running kompile.compile_jobs.env_runner as a
 subprocess that answers the requests of kompile.compile_jobs.env_protocol.
 
-An environment is found at KOMPILE_ENV_<NAME>, else in the cache
+An environment is found at KOMPILE_ENV_<NAME>, else at $KOMPILE_ENVS_DIR/<name>, else in the cache
 (${KOMPILE_CACHE:-~/.cache/kompile}/env-<name>-<hash of requirements/env-<name>.txt>, what
 scripts/setup-backend-env.sh builds; where the requirements file is not at hand, an installed
 package, the newest complete env-<name>-*). The compile-<name> image sets KOMPILE_ENV_<NAME>.
@@ -28,6 +28,9 @@ from kompile.compile_jobs.env_protocol import RUNNER_MODULE, decode, encode, env
 
 PACKAGE_DIR = Path(kompile.__file__).resolve().parent
 COMPLETE = ".complete"
+ENVS_DIR = "KOMPILE_ENVS_DIR"
+"""A folder holding environments by name (`<dir>/<name>`): the compile-envs image's, which carries
+every environment, for targets whose candidates need several."""
 TAIL_LINES, TAIL_CHARS = 6, 500
 
 
@@ -72,6 +75,9 @@ def find_environment(name: str, env: Mapping[str, str] | None = None) -> Path:
                 f"scripts/setup-backend-env.sh {name}"
             )
         return Path(override)
+    shelf = e.get(ENVS_DIR)
+    if shelf and (Path(shelf) / name / "bin" / "python").exists():
+        return Path(shelf) / name
     root = cache_root(e)
     pins = requirements_file(name)
     if pins.exists():

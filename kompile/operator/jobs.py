@@ -85,18 +85,21 @@ def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Setti
 
 
 def compile_image(rt: ResolvedTarget, settings: Settings) -> str:
-    """The compile image of a target: the GPU one, else the image of the first own environment its
-    candidates need (KOMPILE_ENV_IMAGES; it carries the CPU image's backends too), else the CPU
-    one. The CPU image is one multi-arch tag (the Dockerfile's compile-cpu stage, built for amd64
-    and arm64): each node pulls its own architecture's variant, and the Job's nodeSelector pins
-    the architecture."""
+    """The compile image of a target: the GPU one; else, when its candidates need own environments,
+    the image KOMPILE_ENV_IMAGES names for that environment (or that `+`-joined set), else for
+    several the image that carries every environment (KOMPILE_ENVS_IMAGE): each of them carries the
+    CPU image's backends too, so every candidate builds in one Job; else the CPU one. The CPU image
+    is one multi-arch tag (the Dockerfile's compile-cpu stage, built for amd64 and arm64): each node
+    pulls its own architecture's variant, and the Job's nodeSelector pins the architecture."""
     if rt.gpu:
         return settings.gpu_image
-    for backend in backends_of(rt.target, "cpu", rt.arch):
-        environment = CATALOG[backend].environment
-        if environment:
-            return settings.env_images.get(environment, settings.cpu_image)
-    return settings.cpu_image
+    needed = sorted({e for b in backends_of(rt.target, "cpu", rt.arch) if (e := CATALOG[b].environment)})
+    if not needed:
+        return settings.cpu_image
+    named = settings.env_images.get("+".join(needed))
+    if named:
+        return named
+    return settings.envs_image if len(needed) > 1 else settings.cpu_image
 
 
 def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:

@@ -51,7 +51,13 @@ class Settings:
     """KOMPILE_ENV_IMAGES: compile image per own environment (name=image pairs, comma-separated;
     given ones replace the defaults `ghcr.io/kompile/compile-<name>:0.1.0`, the Dockerfile's
     compile-<name> stage): a CPU target whose candidates include a backend with its own environment
-    (litert) runs there; that image is the CPU one plus the environment (KOMPILE_ENV_<NAME>)."""
+    (litert) runs there; that image is the CPU one plus the environment (KOMPILE_ENV_<NAME>). A key
+    may name several environments joined by `+` (sorted: `iree+tvm`), for the targets whose
+    candidates need exactly those."""
+    envs_image: str = "ghcr.io/kompile/compile-envs:0.1.0"
+    """KOMPILE_ENVS_IMAGE: compile image for a CPU target whose candidates need several own
+    environments and KOMPILE_ENV_IMAGES names none for that set: the Dockerfile's compile-envs stage,
+    the CPU image plus every environment."""
     image_pull_policy: str = "IfNotPresent"
     """KOMPILE_IMAGE_PULL_POLICY."""
     artifact_store: str = "file:///var/lib/kompile/artifacts"
@@ -137,6 +143,7 @@ class Settings:
             cpu_image=e.get("KOMPILE_CPU_IMAGE", d.cpu_image),
             gpu_image=e.get("KOMPILE_GPU_IMAGE", d.gpu_image),
             env_images=env_images,
+            envs_image=e.get("KOMPILE_ENVS_IMAGE") or d.envs_image,
             image_pull_policy=e.get("KOMPILE_IMAGE_PULL_POLICY", d.image_pull_policy),
             artifact_store=e.get("KOMPILE_ARTIFACT_STORE", d.artifact_store),
             s3_endpoint=e.get("KOMPILE_S3_ENDPOINT") or None,

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import tomllib
+from fnmatch import fnmatch
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -23,10 +24,13 @@ STAGES = {
     "compile-cpu": ["kompile-job"],
     "compile-litert": ["kompile-job"],
     "compile-xla": ["kompile-job"],
+    "compile-envs": ["kompile-job"],
     "compile-gpu": ["kompile-job"],
 }
 ENV_STAGES = {"compile-litert": "litert", "compile-xla": "xla"}
 """Stages that add a backend's own environment to the CPU image (no pip install of their own)."""
+ALL_ENVS_STAGE = "compile-envs"
+"""The stage that adds every own environment (for targets whose candidates need several)."""
 HEAVY = {"torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "tensorrt", "onnx"}
 
 
@@ -114,7 +118,7 @@ def pip_installs(amd64_only: bool = False) -> dict[str, tuple[str, set[str]]]:
 def test_installs_use_existing_extras_and_ci_lock() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     installs = pip_installs()
-    assert set(installs) == set(STAGES) - set(ENV_STAGES)
+    assert set(installs) == set(STAGES) - set(ENV_STAGES) - {ALL_ENVS_STAGE}
     setup_venv = (ROOT / "scripts" / "setup-venv.sh").read_text()
     for stage, (lock, wanted) in installs.items():
         assert wanted <= set(extras), f"{stage}: extras {wanted - set(extras)} not in pyproject.toml"
@@ -199,6 +203,22 @@ def test_environment_stages_build_the_pinned_environment_the_pipeline_finds(stag
     assert Settings().env_images[name].split("/")[-1].startswith(f"{stage}:")
 
 
+def test_the_all_environments_stage_builds_every_pinned_environment_where_the_pipeline_looks() -> None:
+    from kompile.api.catalog import CATALOG
+    from kompile.compile_jobs.environments import ENVS_DIR
+    from kompile.operator.settings import Settings
+
+    own = [(op, a) for s, op, a in instructions() if s == ALL_ENVS_STAGE]
+    assert ("COPY", "requirements/env-*.txt requirements/") in own
+    run = next(a for op, a in own if op == "RUN")
+    assert "for pins in requirements/env-*.txt" in run and "scripts/setup-backend-env.sh" in run
+    assert f"{ENVS_DIR}=/opt/kompile/envs" in [a for op, a in own if op == "ENV"]
+    # Every catalog environment has its pinned file, so the loop builds it.
+    for name in {e.environment for e in CATALOG.values() if e.environment}:
+        assert (ROOT / "requirements" / f"env-{name}.txt").is_file(), name
+    assert Settings().envs_image.split("/")[-1].startswith(f"{ALL_ENVS_STAGE}:")
+
+
 def test_dockerignore_lets_in_what_is_copied_and_nothing_secret() -> None:
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert next(line for line in ignore if not line.startswith("#")) == "*"
@@ -207,5 +227,7 @@ def test_dockerignore_lets_in_what_is_copied_and_nothing_secret() -> None:
         if op == "COPY" and "--from" not in args:
             *sources, _ = args.split()
             for src in sources:
-                assert (ROOT / src).exists(), f"{stage}: COPY {src}: no such path"
-                assert src.rstrip("/") in allowed, f"{stage}: COPY {src} is excluded by .dockerignore"
+                found = list(ROOT.glob(src)) if "*" in src else [ROOT / src]
+                assert found and all(p.exists() for p in found), f"{stage}: COPY {src}: no such path"
+                let_in = src.rstrip("/") in allowed or any(fnmatch(src, a) for a in allowed if "*" in a)
+                assert let_in, f"{stage}: COPY {src} is excluded by .dockerignore"

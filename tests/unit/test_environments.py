@@ -68,6 +68,18 @@ def test_the_setting_names_an_environment_elsewhere(tmp_path: Path) -> None:
         find_environment("litert", {"KOMPILE_ENV_LITERT": "/nowhere"})
 
 
+def test_the_all_environments_image_finds_each_by_name(tmp_path: Path) -> None:
+    """The compile-envs image keeps every environment at KOMPILE_ENVS_DIR/<name>."""
+    shelf = tmp_path / "envs"
+    litert = _fake_env(shelf / "litert")
+    _fake_env(shelf / "xla")
+    env = {environments.ENVS_DIR: str(shelf), "KOMPILE_CACHE": str(tmp_path / "empty")}
+    assert find_environment("litert", env) == litert
+    assert find_environment("xla", env) == shelf / "xla"
+    with pytest.raises(EnvironmentMissing):  # not on the shelf, not in the cache
+        find_environment("iree", env)
+
+
 def test_without_the_pins_file_the_newest_complete_one_is_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

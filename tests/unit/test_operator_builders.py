@@ -22,7 +22,7 @@ from kompile.api.job_contract import (
 )
 from kompile.api.status import LatencyStats, OutputCheck, TargetStatus, Thresholds, ValidationResult
 from kompile.operator.fleet import discover
-from kompile.operator.jobs import build_job, job_name
+from kompile.operator.jobs import build_job, compile_image, job_name
 from kompile.operator.results import from_job, job_state
 from kompile.operator.settings import Settings
 from kompile.operator.targets import resolve_targets
@@ -186,6 +186,25 @@ def test_a_target_with_an_own_environment_backend_runs_in_that_environments_imag
         images["edge"] == "ghcr.io/kompile/compile-litert:0.1.0"
         and images["plain"] == "example/compile-cpu:1"
     )
+
+
+def test_a_target_needing_several_environments_runs_in_the_image_that_has_them_all() -> None:
+    """One Job builds every candidate of its target: litert and xla candidates need both
+    environments, so the Job gets KOMPILE_ENVS_IMAGE (compile-envs), or the image that
+    KOMPILE_ENV_IMAGES names for exactly that set."""
+    model = cm(
+        targets=[
+            {"name": "both", "backend": "auto", "candidates": [{"backend": "litert"}, {"backend": "xla"}]},
+            {"name": "one", "backend": "xla"},
+        ],
+    )
+    (both, one) = resolve_targets(model.spec, [])
+    settings = Settings.from_env({})
+    assert compile_image(both, settings) == "ghcr.io/kompile/compile-envs:0.1.0"
+    assert compile_image(one, settings) == settings.env_images["xla"]
+    custom = Settings.from_env({"KOMPILE_ENV_IMAGES": "litert+xla=example/edge-and-xla:1"})
+    assert compile_image(both, custom) == "example/edge-and-xla:1"
+    assert compile_image(both, Settings.from_env({"KOMPILE_ENVS_IMAGE": "example/all:2"})) == "example/all:2"
 
 
 def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
