@@ -58,9 +58,12 @@ def save_arrays(path: Path, arrays: list[Array]) -> str:
 class LiteRtRunner:
     """A `.tflite` model run by the LiteRT interpreter in the environment's process."""
 
+    environment = ENVIRONMENT
+    """The environment whose steps load and run the file (the same protocol serves other backends)."""
+
     def __init__(self, path: Path, input_names: list[str], threads: int) -> None:
         self.path, self.input_names = path, input_names
-        self.process = EnvProcess(ENVIRONMENT)
+        self.process = EnvProcess(self.environment)
         reply = self.process.call({"op": "load", "model": str(path.resolve()), "threads": threads})
         count = len(reply["outputs"])
         self.output_names: list[str] = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
