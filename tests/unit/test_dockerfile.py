@@ -22,9 +22,10 @@ STAGES = {
     "operator": ["kompile", "operator"],
     "compile-cpu": ["kompile-job"],
     "compile-litert": ["kompile-job"],
+    "compile-tvm": ["kompile-job"],
     "compile-gpu": ["kompile-job"],
 }
-ENV_STAGES = {"compile-litert": "litert"}
+ENV_STAGES = {"compile-litert": "litert", "compile-tvm": "tvm"}
 """Stages that add a backend's own environment to the CPU image (no pip install of their own)."""
 HEAVY = {"torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "tensorrt", "onnx"}
 
@@ -73,6 +74,7 @@ def test_base_images_are_pinned() -> None:
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", images["operator"]), images
     assert images["compile-cpu"] == images["operator"]
     assert images["compile-litert"] == "compile-cpu"  # the CPU image plus the environment
+    assert images["compile-tvm"] == "compile-cpu"
     # A monthly NGC release; TensorRT plans are tied to its TensorRT version.
     assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d{2}\.\d{2}-py3", images["compile-gpu"]), images
 

@@ -110,6 +110,7 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
         stats.records_after, stats.seconds = len(database), time.monotonic() - start
         return stats
     os.environ["TVM_NUM_THREADS"] = str(budget.cores)  # the runner's workers inherit it
+    load_cpu_intrinsics(str(target.kind.name), str(target.attrs.get("mtriple", "")))
     # Batches of up to 32 (the evolutionary search costs about the same per batch whatever its
     # size), smaller where the budget is small, so that every task gets some.
     batch = min(budget.per_batch, max(4, budget.trials // len(todo)))
@@ -137,7 +138,12 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
         chosen = sorted(set(chosen))
         nxt = chosen[-1] + 1
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-            [todo[i] for i in chosen], str(logs), num_threads=budget.cores
+            [todo[i] for i in chosen],
+            str(logs),
+            # The evolutionary search's population sized to the batch (its default 512 costs ~15 s
+            # a batch on 2 loaded cores, whatever the batch).
+            strategy=ms.search_strategy.EvolutionarySearch(population_size=min(512, max(64, 16 * batch))),
+            num_threads=budget.cores,
         )
         ms.tune_tasks(
             tasks=contexts,
@@ -164,6 +170,31 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
 ROUND_TASKS = 4
 """Tasks per round: MetaSchedule has no time budget (and terminating tasks from a measure callback
 races the scheduler's own termination), so the budget is checked between short rounds."""
+
+
+def load_cpu_intrinsics(kind: str, mtriple: str) -> None:
+    """Register only the CPU tensor intrinsics the target can use before MetaSchedule imports
+    `tvm.s_tir.tensor_intrin`: that package parses every intrinsic (CUDA's, ROCm's, Hexagon's...)
+    as TVMScript at import, 20 s on a free core and 100 s on 2 loaded ones; x86's alone take 0.7 s."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    import tvm.s_tir
+
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules or kind != "llvm":
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        return
+    package = types.ModuleType(name)
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__, package.__package__ = spec, name
+    sys.modules[name] = package
+    tvm.s_tir.tensor_intrin = package  # type: ignore[attr-defined]
+    importlib.import_module(f"{name}.{'arm_cpu' if mtriple.startswith('aarch64') else 'x86'}")
 
 
 def builder_timeout(cores: int) -> float:
