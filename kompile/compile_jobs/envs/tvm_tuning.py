@@ -193,7 +193,7 @@ def load_cpu_intrinsics(kind: str, mtriple: str) -> None:
     package.__path__ = list(spec.submodule_search_locations)
     package.__spec__, package.__package__ = spec, name
     sys.modules[name] = package
-    tvm.s_tir.tensor_intrin = package  # type: ignore[attr-defined]
+    tvm.s_tir.tensor_intrin = package
     importlib.import_module(f"{name}.{'arm_cpu' if mtriple.startswith('aarch64') else 'x86'}")
 
 
