@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kompile.api.spec import Target
-from kompile.compile_jobs.backends.base import Feeds
+from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
 from tests.pipeline.conftest import IMAGE, build_and_compare, require_environment, torchscript_onnx
@@ -85,6 +85,8 @@ def test_untuned_so_matches_eager_and_is_timed_in_its_environment(feeds: list[Fe
     assert runner.output_names == ["output"]
     timed = runner.timed(feeds[0])
     assert isinstance(timed, SelfTimed) and timed.ns > 0
+    with pytest.raises(BackendError, match=r"built at the static shapes \[\(1, 3, 32, 32\)\]"):
+        runner.run({"input": np.zeros((2, 3, 32, 32), np.float32)})
     runner.close()
 
 

@@ -24,8 +24,11 @@ Not rolled out: Triton has no TVM backend (the catalog's serving is None).
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from kompile.api.catalog.tvm import TvmOptions
 from kompile.compile_jobs.backends.base import (
@@ -33,6 +36,7 @@ from kompile.compile_jobs.backends.base import (
     BackendError,
     CompiledArtifact,
     CompileRequest,
+    Feeds,
     options_of,
 )
 from kompile.compile_jobs.backends.executorch import static_example
@@ -54,10 +58,20 @@ class TvmRunner(LiteRtRunner):
 
     environment = ENVIRONMENT
 
-    def __init__(self, path: Path, input_names: list[str], threads: int, outputs: int) -> None:
+    def __init__(
+        self, path: Path, input_names: list[str], threads: int, outputs: int, shapes: list[tuple[int, ...]]
+    ) -> None:
         super().__init__(path, input_names, threads)
         # The Relax VM knows its outputs only after a call: the count recorded at compile names them.
         self.output_names = ["output"] if outputs == 1 else [f"output_{i}" for i in range(outputs)]
+        self.shapes = shapes
+
+    def check_feed(self, feeds: Feeds) -> None:
+        got = [tuple(np.shape(feeds[n])) for n in self.input_names]
+        if got != self.shapes:
+            raise BackendError(
+                f"the .so was built at the static shapes {self.shapes} and runs only those, not {got}"
+            )
 
 
 def class_options(cores: int) -> dict[str, str]:
@@ -78,7 +92,11 @@ class TvmBackend(Backend):
         opts = options_of(request, TvmOptions)
         threads = opts.intra_op_threads or request.threads or available_cores()
         args, record = static_example(request)
-        record.update(inputDtypes=",".join(s.dtype for s in request.signature), threads=str(threads))
+        record.update(
+            inputDtypes=",".join(s.dtype for s in request.signature),
+            threads=str(threads),
+            staticShapes=json.dumps([list(a.shape) for a in args]),
+        )
         wire = {**opts.record(), **class_options(threads)}
         target = target_string(target_for(wire))
         versions = self.installed_versions()
@@ -121,7 +139,10 @@ class TvmBackend(Backend):
         recorded = artifact.options.get("threads", "")
         count = threads or (int(recorded) if recorded.isdigit() else available_cores())
         outputs = int(artifact.options.get("outputCount", "1"))
-        return TvmRunner(artifact.model_path, artifact.options["inputOrder"].split(","), count, outputs)
+        shapes = [tuple(a) for a in json.loads(artifact.options["staticShapes"])]
+        return TvmRunner(
+            artifact.model_path, artifact.options["inputOrder"].split(","), count, outputs, shapes
+        )
 
 
 BACKEND = TvmBackend()

@@ -143,7 +143,10 @@ class Steps:
             self.feeds[req["feeds"]] = [tvm.runtime.tensor(a, self.device) for a in _arrays(req["feeds"])]
         args = self.feeds[req["feeds"]]
         start = time.perf_counter_ns()
-        result = self.vm["main"](*args)
+        try:
+            result = self.vm["main"](*args)
+        except (tvm.error.TVMError, ValueError) as err:
+            raise StepFailed(f"the TVM library failed on these inputs: {_first_line(err)}") from err
         outs = [o.numpy() for o in _flatten(result)]
         ns = time.perf_counter_ns() - start
         if req["out"]:
