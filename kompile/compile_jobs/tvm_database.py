@@ -21,9 +21,12 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from kompile.artifact_store import StoreError
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -140,7 +143,11 @@ class SharedDatabase:
         """Merge the store's copy into the local folder; how many records the store had."""
         if self.remote is None:
             return 0
-        theirs = self._remote_database()
+        try:
+            theirs = self._remote_database()
+        except StoreError as err:  # a database is only a speed-up: tune without the store's
+            print(f"kompile: tuning database not pulled from {self.remote}: {err}", file=sys.stderr)
+            return 0
         if theirs is None:
             return 0
         with _locked(self.folder):
@@ -165,7 +172,10 @@ class SharedDatabase:
             if after != before:
                 after.write(self.folder)
         if self.remote is not None:
-            self._push(after)
+            try:
+                self._push(after)
+            except StoreError as err:  # a database is only a speed-up: the build stands without it
+                print(f"kompile: tuning database not pushed to {self.remote}: {err}", file=sys.stderr)
         return len(after.records) - len(before.records)
 
     def _remote_database(self) -> Database | None:

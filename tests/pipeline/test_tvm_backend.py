@@ -163,3 +163,18 @@ def test_database_sync_through_a_file_store(tmp_path: Path) -> None:
 def test_database_sync_through_the_s3_server(s3_server: Any, s3_env: Any, tmp_path: Path) -> None:
     s3_server.create_bucket("tvm-db")
     _sync_round_trip("s3://tvm-db/timing-caches/cpu-x/tvm-0.27/llvm", tmp_path)
+
+
+def test_an_unreachable_store_only_costs_the_sharing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A database is a speed-up: a store that cannot be read or written is reported, never fatal."""
+    db = SharedDatabase(
+        "cpu-x/tvm-0.27/llvm", tmp_path / "local", "s3://no-such-bucket/t", "http://127.0.0.1:9"
+    )
+    assert db.pull() == 0
+    state = db.checkout(tmp_path / "build")
+    _db(["conv"], [(0, "c1")]).write(state)
+    assert db.checkin(state) == 1  # kept locally
+    err = capsys.readouterr().err
+    assert "tuning database not pulled" in err and "tuning database not pushed" in err
