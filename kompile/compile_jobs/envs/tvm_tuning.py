@@ -56,7 +56,7 @@ class TuneStats:
     reused: int = 0
     """Tasks whose best schedule was already in the database (the shared database's hits)."""
     tuned: int = 0
-    """Tasks tuned now."""
+    """Tasks that got their first record now (the time budget may stop before every task had one)."""
     trials: int = 0
     """Candidates measured now (records added)."""
     records_before: int = 0
@@ -162,7 +162,7 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
             spent[i] += batch
         stats.trials = len(database) - stats.records_before
         stats.rounds += 1
-    stats.tuned = len(todo)
+    stats.tuned = sum(1 for t in todo if _has_record(database, t))
     stats.records_after, stats.seconds = len(database), time.monotonic() - start
     return stats
 
