@@ -94,6 +94,23 @@ USER 65532:65532
 ENTRYPOINT ["kompile-job"]
 
 # ---------------------------------------------------------------------------------------------------
+# The CPU compile image plus the tvm backend's own environment (apache-tvm 0.27 with its FFI pinned,
+# onnx, xgboost-cpu; no torch: it compiles the ONNX export): requirements/env-tvm.txt at a fixed path
+# that KOMPILE_ENV_TVM names. KOMPILE_ENV_IMAGES (default tvm=ghcr.io/kompile/compile-tvm:0.1.0)
+# sends targets with a tvm candidate here. About 450 MB more.
+FROM compile-cpu AS compile-tvm
+USER 0
+WORKDIR /opt/kompile
+COPY requirements/env-tvm.txt requirements/env-tvm.txt
+COPY scripts/setup-backend-env.sh scripts/setup-backend-env.sh
+RUN PIP_NO_CACHE_DIR=1 KOMPILE_CACHE=/opt/kompile/envs scripts/setup-backend-env.sh tvm > /tmp/env-path \
+    && ln -s "$(cat /tmp/env-path)" /opt/kompile/envs/tvm \
+    && rm /tmp/env-path
+ENV KOMPILE_ENV_TVM=/opt/kompile/envs/tvm
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]
+
+# ---------------------------------------------------------------------------------------------------
 # The CPU compile image plus the xla backend's own environment (torchax 0.0.13 imports only with
 # torch 2.9): requirements/env-xla.txt at a fixed path that KOMPILE_ENV_XLA names. The operator's
 # KOMPILE_ENV_IMAGES (default xla=ghcr.io/kompile/compile-xla:0.1.0) sends targets with an xla

@@ -21,7 +21,8 @@ from kompile.api.status import TargetStatus
 
 RESULT_FILE = "result.json"
 TIMING_CACHES = "timing-caches"
-"""Folder beside the store's cache/ that holds TensorRT timing caches per GPU class."""
+"""Folder beside the store's cache/ that holds TensorRT timing caches per GPU class and TVM tuning
+databases per hardware class (kompile.compile_jobs.tvm_database)."""
 
 
 class JobContractError(ValueError):

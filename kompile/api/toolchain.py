@@ -27,6 +27,11 @@ ENVIRONMENT_PINNED: dict[str, dict[str, str]] = {
         "torch": "2.14.1",
     },
     "xla": {"jax": "0.10.2", "jaxlib": "0.10.2", "torchax": "0.0.13", "torch": "2.9.1"},
+    "tvm": {
+        "apache-tvm": "0.27.0.post1",
+        "apache-tvm-ffi": "0.1.14.post0",
+        "onnx": "1.23.2",
+    },
 }
 """Per own environment (a catalog entry's `environment`): the versions its env-<name>.txt pins."""
 

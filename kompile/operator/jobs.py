@@ -77,8 +77,9 @@ def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Setti
         device="cuda" if rt.gpu else "cpu",
         artifact_prefix=prefix,
         work_dir=SCRATCH,
-        # TensorRT timing caches are shared per (GPU class, TensorRT version) beside the cache.
-        timing_cache_uri=f"{root}/{TIMING_CACHES}" if rt.gpu else None,
+        # Shared beside the cache: TensorRT timing caches per (GPU class, TensorRT version), TVM
+        # tuning databases per (class, TVM version, target), so CPU Jobs get it too.
+        timing_cache_uri=f"{root}/{TIMING_CACHES}",
         s3_endpoint=(registry.s3_endpoint if registry else None) or settings.s3_endpoint,
         arch=rt.arch,
     )

@@ -150,8 +150,24 @@ def bert_tiny_case(
     return model, path, feeds, sig
 
 
+def require_environment(name: str) -> None:
+    """A backend's own environment, which `make test` builds: run by hand without it, each test
+    fails saying how to build it (a skip would let CI pass without ever running the backend)."""
+    from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
+
+    try:
+        find_environment(name)
+    except EnvironmentMissing as missing:
+        pytest.fail(str(missing))
+
+
 def build_and_compare(
-    target: Any, module: Any, signature: list[InputSpec], feeds: list[Any], out: Path
+    target: Any,
+    module: Any,
+    signature: list[InputSpec],
+    feeds: list[Any],
+    out: Path,
+    onnx_path: Path | None = None,
 ) -> tuple[Any, Any, Any]:
     """Compile a target with its backend (2 threads), load the artifact back and compare its
     outputs on the feeds with eager's under the precision's thresholds: (artifact, runner, verdict)."""
@@ -160,7 +176,9 @@ def build_and_compare(
     from kompile.compile_jobs.build import compile_request
     from kompile.compile_jobs.validate import resolve_thresholds
 
-    request = compile_request(target, module=module, out_dir=out, signature=signature, feeds=feeds, threads=2)
+    request = compile_request(
+        target, module=module, out_dir=out, signature=signature, feeds=feeds, threads=2, onnx_path=onnx_path
+    )
     backend = get_backend(target.backend)
     artifact = backend.compile(request)
     runner = backend.load(artifact, threads=2)
@@ -168,14 +186,3 @@ def build_and_compare(
     outputs = request.reference.with_outputs(name, [runner.run(f) for f in feeds])
     verdict = run_results.compare(request.reference, outputs, resolve_thresholds(target.precision))
     return artifact, runner, verdict
-
-
-def environment_or_fail(name: str) -> None:
-    """Fail (not skip: a skip would let CI pass without ever running the backend) when backend
-    environment `name` is not built, saying how to build it; `make test` builds it."""
-    from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
-
-    try:
-        find_environment(name)
-    except EnvironmentMissing as missing:
-        pytest.fail(str(missing))

@@ -70,7 +70,7 @@ def test_an_environment_that_cannot_start_says_why(tmp_path: Path, monkeypatch: 
 
 def test_arrays_travel_as_npz_by_position(project_python_env: Path, tmp_path: Path) -> None:
     """The feeds file a runner writes is what the environment reads: positions, not names."""
-    from kompile.compile_jobs.backends.litert import save_arrays
+    from kompile.compile_jobs.env_backend import save_arrays
     from kompile.compile_jobs.envs.litert import _arrays, _ordered
 
     a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, np.int64)

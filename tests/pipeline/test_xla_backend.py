@@ -14,12 +14,12 @@ import torch
 from kompile.api.spec import Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
-from tests.pipeline.conftest import IMAGE, build_and_compare, environment_or_fail, small_cnn_doc
+from tests.pipeline.conftest import IMAGE, build_and_compare, require_environment, small_cnn_doc
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _xla_environment() -> None:
-    environment_or_fail("xla")
+    require_environment("xla")
 
 
 @pytest.fixture(scope="module")

@@ -53,9 +53,9 @@ def test_defaults_fill_in() -> None:
     [
         (lambda d: d["spec"].pop("targets"), "spec", "spec.targets or set spec.fleet.enabled"),
         (
-            lambda d: d["spec"]["targets"][0].update(backend="tvm"),
+            lambda d: d["spec"]["targets"][0].update(backend="mxnet"),
             "spec.targets[0].backend",
-            "unknown backend 'tvm'; use auto or one of",
+            "unknown backend 'mxnet'; use auto or one of",
         ),
         (
             lambda d: d["spec"]["targets"][0].update(options={"optlevel": "all"}),

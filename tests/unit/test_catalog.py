@@ -163,8 +163,8 @@ def test_auto_options_go_to_the_candidates_that_know_them() -> None:
         check_options("auto", {"device": "tpu"})
     with pytest.raises(OptionsError, match=r"onnxruntime builds for \['cpu'\]"):
         check_options("onnxruntime", {"device": "cuda"})
-    with pytest.raises(ValueError, match="unknown backend 'tvm'"):
-        entry("tvm")
+    with pytest.raises(ValueError, match="unknown backend 'mxnet'"):
+        entry("mxnet")
 
 
 def test_rollout_and_pipeline_derive_serving_facts_from_the_catalog() -> None:

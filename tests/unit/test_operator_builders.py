@@ -169,6 +169,7 @@ def test_a_target_with_an_own_environment_backend_runs_in_that_environments_imag
     settings = Settings.from_env({"KOMPILE_CPU_IMAGE": "example/compile-cpu:1"})
     assert settings.env_images == {
         "litert": "ghcr.io/kompile/compile-litert:0.1.0",
+        "tvm": "ghcr.io/kompile/compile-tvm:0.1.0",
         "xla": "ghcr.io/kompile/compile-xla:0.1.0",
     }
     custom = Settings.from_env({"KOMPILE_ENV_IMAGES": "litert=example/compile-litert:2"})
@@ -228,7 +229,8 @@ def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
             "env"
         ]
     }
-    assert cpu_env["KOMPILE_DEVICE"] == "cpu" and "KOMPILE_TIMING_CACHE_URI" not in cpu_env
+    # CPU Jobs share TVM tuning databases there.
+    assert cpu_env["KOMPILE_DEVICE"] == "cpu" and cpu_env["KOMPILE_TIMING_CACHE_URI"] == "p/timing-caches"
 
 
 def test_arm64_class_job_is_pinned_to_arm64_on_the_multi_arch_cpu_image() -> None:

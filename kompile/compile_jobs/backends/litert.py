@@ -22,8 +22,6 @@ the artifact from the store (docs/operations.md, "Device fleets").
 
 from __future__ import annotations
 
-import contextlib
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,68 +35,26 @@ from kompile.compile_jobs.backends.base import (
     BackendError,
     CompiledArtifact,
     CompileRequest,
-    Feeds,
     options_of,
 )
 from kompile.compile_jobs.backends.executorch import device_example
-from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_export_error
-from kompile.compile_jobs.benchmark import SelfTimed, available_cores
-from kompile.compile_jobs.environments import EnvProcess
-from kompile.compile_jobs.hardware import cpu_description
+from kompile.compile_jobs.env_backend import (
+    EnvRunner,
+    built_in_environment,
+    compile_in_environment,
+    load_in_environment,
+    save_arrays,
+    save_program,
+)
 
 Array = np.ndarray[Any, Any]
 ENVIRONMENT = "litert"
 
 
-def save_arrays(path: Path, arrays: list[Array]) -> str:
-    np.savez(path, **{str(i): np.ascontiguousarray(a) for i, a in enumerate(arrays)})  # type: ignore[arg-type]
-    return str(path)
+class LiteRtRunner(EnvRunner):
+    """A `.tflite` model run by the LiteRT interpreter in the environment's process."""
 
-
-class LiteRtRunner:
-    """A `.tflite` model run by the LiteRT interpreter in the environment's process (or another
-    environment's artifact: its steps answer the same load and run requests)."""
-
-    def __init__(
-        self, path: Path, input_names: list[str], threads: int, environment: str = ENVIRONMENT
-    ) -> None:
-        self.path, self.input_names = path, input_names
-        self.process = EnvProcess(environment)
-        reply = self.process.call({"op": "load", "model": str(path.resolve()), "threads": threads})
-        count = len(reply["outputs"])
-        self.output_names: list[str] = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
-        self._files: dict[int, tuple[Feeds, str]] = {}
-        self._calls = 0
-
-    def _feed_file(self, feeds: Feeds) -> str:
-        # Kept by identity (the dict held, so its id stays its own): timing sends the same feed again.
-        known = self._files.get(id(feeds))
-        if known is not None and known[0] is feeds:
-            return known[1]
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            raise BackendError(f"inputs {missing} missing for {self.path.name}; it takes {self.input_names}")
-        self._calls += 1
-        arrays = [feeds[n] for n in self.input_names]
-        path = save_arrays(self.process.scratch / f"feed-{self._calls}.npz", arrays)
-        if len(self._files) >= 8:
-            self._files.clear()
-        self._files[id(feeds)] = (feeds, path)
-        return path
-
-    def run(self, feeds: Feeds) -> list[Array]:
-        out = self.process.scratch / "outputs.npz"
-        self.process.call({"op": "run", "feeds": self._feed_file(feeds), "out": str(out)})
-        with np.load(out) as data:
-            return [data[str(i)] for i in range(len(data.files))]
-
-    def timed(self, feeds: Feeds) -> SelfTimed:
-        """One call, timed in the environment's process."""
-        reply = self.process.call({"op": "run", "feeds": self._feed_file(feeds), "out": ""})
-        return SelfTimed(int(reply["ns"]))
-
-    def close(self) -> None:
-        self.process.close()
+    environment = ENVIRONMENT
 
 
 def calibration_files(request: CompileRequest, args: tuple[torch.Tensor, ...], scratch: Path) -> list[str]:
@@ -112,57 +68,6 @@ def calibration_files(request: CompileRequest, args: tuple[torch.Tensor, ...], s
     ]
     files = enumerate(samples)
     return [save_arrays(scratch / f"calibration-{i}.npz", [f[n] for n in names]) for i, f in files]
-
-
-def save_program(request: CompileRequest, args: tuple[torch.Tensor, ...], path: Path, what: str) -> None:
-    """`torch.export` of the source module at `args`, saved at `path` for a backend's environment;
-    a BackendError naming the construct export cannot take."""
-    with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
-        try:
-            program = torch.export.export(request.module.eval(), args)
-        except EXPORT_ERRORS as err:
-            raise BackendError(describe_export_error(err, type(request.module).__qualname__, what)) from err
-        torch.export.save(program, path)
-
-
-def compile_in_environment(
-    environment: str,
-    scratch: Path,
-    args: tuple[torch.Tensor, ...],
-    out: Path,
-    precision: str,
-    quantization: str = "",
-    calibration: list[str] | None = None,
-) -> dict[str, str]:
-    """The environment's compile step on the program `save_program` wrote in `scratch`: what it
-    records."""
-    with EnvProcess(environment, scratch) as env:
-        reply = env.call(
-            {
-                "op": "compile",
-                "program": str(scratch / "program.pt2"),
-                "example": save_arrays(scratch / "example.npz", [a.numpy() for a in args]),
-                "calibration": calibration or [],
-                "precision": precision,
-                "quantization": quantization,
-                "out": str(out.resolve()),
-            }
-        )
-    record: dict[str, str] = reply["record"]
-    return record
-
-
-def built_in_environment(backend: Backend, out: Path, record: dict[str, str]) -> CompiledArtifact:
-    """The artifact an environment's compile step wrote at `out`, its versions read there."""
-    toolchain = {**backend.installed_versions(), "cpu": cpu_description()}
-    return CompiledArtifact(backend=backend.name, model_path=out, options=record, toolchain=toolchain)
-
-
-def load_in_environment(artifact: CompiledArtifact, threads: int | None, environment: str) -> LiteRtRunner:
-    """The artifact loaded in its environment's process, on `threads` (else the recorded count)."""
-    recorded = artifact.options.get("threads", "")
-    count = threads or (int(recorded) if recorded.isdigit() else available_cores())
-    return LiteRtRunner(artifact.model_path, artifact.options["inputOrder"].split(","), count, environment)
 
 
 class LiteRtBackend(Backend):
@@ -191,10 +96,8 @@ class LiteRtBackend(Backend):
         record.update(reply)
         return built_in_environment(self, out, record)
 
-    def load(
-        self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu"
-    ) -> LiteRtRunner:
-        return load_in_environment(artifact, threads, ENVIRONMENT)
+    def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> EnvRunner:
+        return load_in_environment(artifact, threads, ENVIRONMENT, LiteRtRunner)
 
 
 BACKEND = LiteRtBackend()

@@ -33,8 +33,8 @@ from pathlib import Path
 from kompile.api.catalog.xla import XlaOptions
 from kompile.compile_jobs.backends.base import Backend, CompiledArtifact, CompileRequest, options_of
 from kompile.compile_jobs.backends.executorch import device_example
-from kompile.compile_jobs.backends.litert import (
-    LiteRtRunner,
+from kompile.compile_jobs.env_backend import (
+    EnvRunner,
     built_in_environment,
     compile_in_environment,
     load_in_environment,
@@ -58,9 +58,7 @@ class XlaBackend(Backend):
             record.update(compile_in_environment(ENVIRONMENT, scratch, args, out, request.target.precision))
         return built_in_environment(self, out, record)
 
-    def load(
-        self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu"
-    ) -> LiteRtRunner:
+    def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> EnvRunner:
         return load_in_environment(artifact, threads, ENVIRONMENT)
 
 

@@ -1,0 +1,54 @@
+"""Catalog entry: Apache TVM (Relax) shared libraries for CPUs, MetaSchedule-tuned with a tuning
+database shared per hardware class (compile_jobs/backends/tvm.py), built and run in the backend's
+own environment (requirements/env-tvm.txt: apache-tvm 0.27 with its pinned FFI, no torch)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from kompile.api.catalog.base import BackendEntry, BackendOptions, Count
+
+
+class TvmOptions(BackendOptions):
+    """TVM options."""
+
+    tuning_trials: Count = Field(
+        default=2000,
+        description="MetaSchedule trial budget (measured candidates, over the tasks the class's shared "
+        "tuning database lacks); 0: no tuning (the database's schedules still apply, the rest runs "
+        "TVM's default CPU lowering, which is slow).",
+    )
+    tuning_minutes: Count = Field(
+        default=30,
+        description="Time budget of the tuning in minutes, checked between rounds of a few tasks "
+        "(a round takes a few minutes on 2 cores).",
+    )
+    intra_op_threads: Count = Field(
+        default=0,
+        description="Threads of the TVM runtime at validation and timing, and the target's num-cores "
+        "that tuning measures with; 0: the run's, else all cores.",
+    )
+
+
+ENTRY = BackendEntry(
+    name="tvm",
+    summary="Apache TVM 0.27 (Relax from the ONNX export): a shared library for the class's CPU ISA "
+    "(llvm -mcpu from its features), MetaSchedule-tuned within a trial and time budget; the tuning "
+    "database is shared per (hardware class, TVM version, target) through the artifact store (locally "
+    "~/.cache/kompile/tuning-databases), so each operator shape is tuned once in the fleet. fp32 only, "
+    "at the static (opt) shape. Runs in its own environment (scripts/setup-backend-env.sh tvm). Not "
+    "rolled out: Triton has no TVM backend.",
+    devices=("cpu",),
+    precisions=frozenset({"fp32"}),
+    consumes="onnx",
+    options=TvmOptions,
+    extra="torch",
+    version_from=("apache-tvm", "apache-tvm-ffi", "onnx"),
+    # No server: Triton has no TVM backend, and a Python-backend model in the Triton layout would
+    # need a TVM runtime image kompile does not build; the artifact stays in the store.
+    serving=None,
+    environment="tvm",
+    # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 still took 1.6-3x ONNX Runtime
+    # fp32's time (70-129 vs 39-45 ms), and a class's first compile pays that tuning
+    # (docs/backends.md, tvm).
+)

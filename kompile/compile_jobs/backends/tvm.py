@@ -1,0 +1,148 @@
+"""Apache TVM backend for CPUs: the pipeline's fp32 ONNX export through TVM's Relax ONNX frontend in
+the backend's own environment (requirements/env-tvm.txt: apache-tvm 0.27, no torch), MetaSchedule
+tuning against the hardware class's shared tuning database, a shared library loaded back with the
+Relax VM.
+
+Steps, each recorded in the artifact's options:
+- the target from the class's CPU features (kompile.compile_jobs.envs.tvm_target: `llvm -mcpu=`
+  the ISA's LLVM CPU, `-num-cores=` the run's threads);
+- the class's tuning database (kompile.compile_jobs.tvm_database, keyed by class, TVM version and
+  target) merged from the store into the local shared folder, a private copy handed to the
+  environment as the request's `state`;
+- in the environment (kompile.compile_jobs.envs.tvm): import at the signature's static (opt) shape,
+  tuning of the tasks the database lacks within `tuningTrials` and `tuningMinutes`, the database's
+  schedules applied, build and export of `model.so`; the artifact records how many tasks came from
+  the shared database (`tuningDatabaseHitRate`) and the tuning's time;
+- the copy merged back into the shared folder and the store (union with what others pushed);
+- `load` starts the environment's process with the Relax VM on the run's threads: validation runs the
+  `.so` that ships, and the benchmark times each call in that process (its own measure, the pipe's
+  round trip left out; TVM's spinning thread pool stays in that process).
+
+A missing environment fails the candidate with reason EnvironmentMissing (what to run to build it).
+Not rolled out: Triton has no TVM backend (the catalog's serving is None).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kompile.api.catalog.tvm import TvmOptions
+from kompile.compile_jobs.backends.base import (
+    Backend,
+    BackendError,
+    CompiledArtifact,
+    CompileRequest,
+    Feeds,
+    options_of,
+)
+from kompile.compile_jobs.backends.executorch import static_example
+from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.env_backend import EnvRunner, save_arrays
+from kompile.compile_jobs.environments import EnvProcess
+from kompile.compile_jobs.envs.tvm_target import target_for, target_string
+from kompile.compile_jobs.hardware import _cpuinfo, cpu_description, local_arch, local_cpu_class
+from kompile.compile_jobs.tvm_database import shared_database
+
+ENVIRONMENT = "tvm"
+# The features the target derives from (tvm_target.mcpu_for), passed to the environment.
+TARGET_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "asimddp")
+
+
+class TvmRunner(EnvRunner):
+    """A TVM shared library run by the Relax VM in the environment's process (the environments'
+    file protocol)."""
+
+    environment = ENVIRONMENT
+
+    def __init__(
+        self, path: Path, input_names: list[str], threads: int, outputs: int, shapes: list[tuple[int, ...]]
+    ) -> None:
+        super().__init__(path, input_names, threads)
+        # The Relax VM knows its outputs only after a call: the count recorded at compile names them.
+        self.output_names = ["output"] if outputs == 1 else [f"output_{i}" for i in range(outputs)]
+        self.shapes = shapes
+
+    def check_feed(self, feeds: Feeds) -> None:
+        got = [tuple(np.shape(feeds[n])) for n in self.input_names]
+        if got != self.shapes:
+            raise BackendError(
+                f"the .so was built at the static shapes {self.shapes} and runs only those, not {got}"
+            )
+
+
+def class_options(cores: int) -> dict[str, str]:
+    """What the step needs to know of the class: its architecture, CPU features and cores."""
+    flags = _cpuinfo()[1]
+    return {
+        "arch": local_arch(),
+        "cpuFeatures": ",".join(f for f in TARGET_FLAGS if f in flags),
+        "cores": str(cores),
+    }
+
+
+class TvmBackend(Backend):
+    name = "tvm"
+
+    def compile(self, request: CompileRequest) -> CompiledArtifact:
+        self.check_request(request)
+        opts = options_of(request, TvmOptions)
+        threads = opts.intra_op_threads or request.threads or available_cores()
+        args, record = static_example(request)
+        record.update(
+            inputDtypes=",".join(s.dtype for s in request.signature),
+            threads=str(threads),
+            staticShapes=json.dumps([list(a.shape) for a in args]),
+        )
+        wire = {**opts.record(), **class_options(threads)}
+        target = target_string(target_for(wire))
+        versions = self.installed_versions()
+        database = shared_database(local_cpu_class(), versions.get("apache-tvm", "unknown"), target)
+        out = request.out_dir / "model.so"
+        request.out_dir.mkdir(parents=True, exist_ok=True)
+        pulled = database.pull()
+        with tempfile.TemporaryDirectory(prefix="tvm-", dir=request.out_dir) as tmp:
+            scratch = Path(tmp)
+            state = database.checkout(scratch / "database")
+            with EnvProcess(ENVIRONMENT, scratch) as env:
+                reply = env.call(
+                    {
+                        "op": "compile",
+                        "program": str(request.onnx().resolve()),
+                        "example": save_arrays(scratch / "example.npz", [a.numpy() for a in args]),
+                        "calibration": [],
+                        "precision": request.target.precision,
+                        "quantization": "",
+                        "out": str(out.resolve()),
+                        "options": wire,
+                        "state": str(state),
+                    }
+                )
+            added = database.checkin(state)
+        record.update(reply["record"])
+        record.update(
+            tuningDatabase=database.rel, tuningRecordsShared=str(added), tuningRecordsPulled=str(pulled)
+        )
+        if not out.is_file():
+            raise BackendError(f"the tvm environment reported success but wrote no {out.name}")
+        return CompiledArtifact(
+            backend=self.name,
+            model_path=out,
+            options=record,
+            toolchain={**versions, "cpu": cpu_description()},
+        )
+
+    def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> TvmRunner:
+        recorded = artifact.options.get("threads", "")
+        count = threads or (int(recorded) if recorded.isdigit() else available_cores())
+        outputs = int(artifact.options.get("outputCount", "1"))
+        shapes = [tuple(a) for a in json.loads(artifact.options["staticShapes"])]
+        return TvmRunner(
+            artifact.model_path, artifact.options["inputOrder"].split(","), count, outputs, shapes
+        )
+
+
+BACKEND = TvmBackend()

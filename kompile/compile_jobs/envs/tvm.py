@@ -1,0 +1,167 @@
+"""The `tvm` environment's steps (requirements/env-tvm.txt: apache-tvm 0.27, apache-tvm-ffi pinned,
+onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
+
+- compile: the pipeline's fp32 ONNX export through the Relax ONNX frontend at the exported static
+  shapes, then MetaSchedule (kompile.compile_jobs.envs.tvm_tuning) into the request's `state`
+  folder, the hardware class's shared tuning database, within the target's trial and time budget;
+  the database's best schedules are applied (also when no trial is run: what the fleet tuned before
+  is free) and the module is built for the class's CPU (`target_for`) into a shared library;
+- load/run: the library loaded back with the Relax VM on `threads` threads (TVM_NUM_THREADS, set
+  before the runtime's pool starts), each call timed here.
+
+Imports only the standard library, numpy and this environment's packages.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kompile.compile_jobs.env_protocol import StepFailed
+from kompile.compile_jobs.envs.tvm_target import target_for, target_string
+
+Array = np.ndarray[Any, Any]
+
+
+def _arrays(path: str) -> list[Array]:
+    with np.load(path) as data:
+        return [data[str(i)] for i in range(len(data.files))]
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    # TVM's errors end with the message after a C++ traceback.
+    return (lines[-1] if lines else type(err).__name__)[:400]
+
+
+def import_onnx(path: str, shapes: list[tuple[int, ...]]) -> Any:
+    """The ONNX export as a Relax module at the exported static shapes, parameters bound as constants."""
+    import onnx
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = onnx.load(path)
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    if len(inputs) != len(shapes):
+        raise StepFailed(f"the ONNX export has inputs {inputs}, the example {len(shapes)} arrays")
+    try:
+        mod = from_onnx(model, shape_dict=dict(zip(inputs, [list(s) for s in shapes], strict=True)))
+    except (NotImplementedError, KeyError, ValueError, TypeError, AttributeError) as err:
+        raise StepFailed(f"TVM's Relax ONNX frontend could not import the model: {_first_line(err)}") from err
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    return relax.transform.CanonicalizeBindings()(mod)
+
+
+class Steps:
+    def __init__(self) -> None:
+        self.vm: Any = None
+        self.device: Any = None
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+        self.feeds: dict[str, list[Any]] = {}
+
+    def op_compile(self, req: dict[str, Any]) -> dict[str, Any]:
+        import tvm
+        from tvm import relax
+
+        from kompile.compile_jobs.envs import tvm_tuning
+
+        if req["precision"] != "fp32":
+            raise StepFailed(f"the tvm backend builds fp32 only, not {req['precision']}")
+        options: dict[str, str] = req.get("options") or {}
+        target_json = target_for(options)
+        target = tvm.target.Target(target_json)
+        example = _arrays(req["example"])
+        mod = relax.get_pipeline("zero")(import_onnx(req["program"], [a.shape for a in example]))
+        out = Path(req["out"])
+        record: dict[str, str] = {
+            "frontend": "relax-onnx",
+            "tvmTarget": target_string(target_json),
+            "outputCount": str(_output_count(mod)),
+        }
+        state = req.get("state")
+        if state:
+            budget = tvm_tuning.Budget(
+                trials=int(options.get("tuningTrials", "0") or 0),
+                minutes=float(options.get("tuningMinutes", "30") or 30),
+                cores=int(target_json.get("num-cores", os.cpu_count() or 1)),
+            )
+            database = tvm_tuning.open_database(Path(state))
+            try:
+                with target:
+                    stats = tvm_tuning.tune(mod, target, database, budget, out.parent / "tvm-tuning-logs")
+            except (tvm.error.TVMError, ValueError, RuntimeError) as err:
+                raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
+            record.update(stats.record())
+            with target, database:
+                mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+            applied = stats.reused + stats.tuned if stats.records_after else 0
+            record["pipeline"] = "metaschedule-database+default" if applied else "default"
+        else:
+            record["pipeline"] = "default"
+        try:
+            executable = tvm.compile(mod, target=target)
+            executable.export_library(str(out))
+        except (tvm.error.TVMError, ValueError, RuntimeError) as err:
+            raise StepFailed(
+                f"TVM could not build the model for {target_string(target_json)}: {_first_line(err)}"
+            ) from err
+        return {"record": record}
+
+    def op_load(self, req: dict[str, Any]) -> dict[str, Any]:
+        # The runtime's pool reads TVM_NUM_THREADS once, when it first starts (here: at load).
+        os.environ["TVM_NUM_THREADS"] = str(int(req["threads"]))
+        import tvm
+        from tvm import relax
+
+        try:
+            lib = tvm.runtime.load_module(req["model"])
+        except (tvm.error.TVMError, OSError) as err:
+            raise StepFailed(
+                f"TVM cannot load {Path(req['model']).name}: {_first_line(err)}; rebuild it"
+            ) from err
+        self.device = tvm.cpu()
+        self.vm = relax.VirtualMachine(lib, self.device)
+        arity = int(self.vm._get_function_arity("main"))
+        self.inputs = [str(self.vm._get_function_param_name("main", i)) for i in range(arity)]
+        self.feeds.clear()
+        return {"inputs": self.inputs, "outputs": []}
+
+    def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
+        import tvm
+
+        if self.vm is None:
+            raise StepFailed("no model loaded")
+        if req["feeds"] not in self.feeds:
+            if len(self.feeds) >= 8:
+                self.feeds.clear()
+            self.feeds[req["feeds"]] = [tvm.runtime.tensor(a, self.device) for a in _arrays(req["feeds"])]
+        args = self.feeds[req["feeds"]]
+        start = time.perf_counter_ns()
+        try:
+            result = self.vm["main"](*args)
+        except (tvm.error.TVMError, ValueError) as err:
+            raise StepFailed(f"the TVM library failed on these inputs: {_first_line(err)}") from err
+        outs = [o.numpy() for o in _flatten(result)]
+        ns = time.perf_counter_ns() - start
+        if req["out"]:
+            np.savez(req["out"], **{str(i): a for i, a in enumerate(outs)})
+        return {"ns": ns}
+
+
+def _output_count(mod: Any) -> int:
+    from tvm import relax
+
+    ret = mod["main"].ret_ty
+    return len(ret.fields) if isinstance(ret, relax.TupleType) else 1
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)) or type(value).__name__ in ("Array", "List"):
+        return [x for v in value for x in _flatten(v)]
+    return [value]

@@ -1,0 +1,43 @@
+"""The TVM target of a hardware class, from its CPU features (never this machine's model name): used
+by the `tvm` environment's steps to build and by the pipeline to key the shared tuning database.
+Standard library only (it runs on both sides)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mcpu_for(arch: str, features: set[str]) -> str:
+    """The LLVM CPU whose ISA the class's features name (never this machine's model): the widest
+    vector extension decides TVM's vector width and instruction choice."""
+    if arch == "arm64":
+        return "neoverse-n1" if "asimddp" in features else "cortex-a72"
+    if {"avx512_bf16", "avx512_vnni", "avx512f"} <= features:
+        return "cooperlake"
+    if {"avx512_vnni", "avx512f"} <= features:
+        return "cascadelake"
+    if "avx512f" in features:
+        return "skylake-avx512"
+    if "avx2" in features:
+        return "haswell"
+    return "x86-64"
+
+
+def target_for(options: dict[str, str]) -> dict[str, Any]:
+    """The TVM target (JSON form: TVM 0.27 no longer parses `llvm -mcpu=...` strings)."""
+    arch = options.get("arch", "amd64")
+    features = set(filter(None, options.get("cpuFeatures", "").split(",")))
+    target: dict[str, Any] = {"kind": "llvm", "mcpu": mcpu_for(arch, features)}
+    if arch == "arm64":
+        target["mtriple"] = "aarch64-linux-gnu"
+    cores = int(options.get("cores", "0") or 0)
+    if cores > 0:
+        target["num-cores"] = cores
+    return target
+
+
+def target_string(target: dict[str, Any]) -> str:
+    """The target as the artifact and the database key record it, e.g.
+    'llvm -mcpu=cooperlake -num-cores=2'."""
+    rest = " ".join(f"-{k}={v}" for k, v in sorted(target.items()) if k != "kind")
+    return f"{target['kind']} {rest}".strip()

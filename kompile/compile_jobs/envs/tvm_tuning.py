@@ -1,0 +1,202 @@
+"""MetaSchedule tuning for the `tvm` environment's steps (kompile.compile_jobs.envs.tvm): the tasks of
+a Relax module tuned into a JSON database (workloads + tuning records) that the pipeline shares per
+hardware class, bounded by a trial budget and a time budget, sized for small machines.
+
+What was measured on 2 loaded cores (TVM 0.27, apache-tvm-ffi 0.1.14.post0) shaped it:
+- the stock builder's first build in each worker imports `tvm.s_tir.tensor_intrin`, parsing ~500
+  TVMScript intrinsics through `inspect.stack()`: 20 s per worker, and the builder starts fresh
+  workers for every batch, so every candidate ran into the 30 s default timeout. `build` here is
+  the stock build without that import (an fp32 CPU schedule never tensorizes with them; a traced
+  schedule is already applied when it reaches the builder);
+- MetaSchedule has no time budget, and terminating tasks from a measure callback races the
+  scheduler's own termination (InternalError "!task->is_terminated"): the budget is kept by tuning
+  in rounds (each task one batch per round) with one cost model kept across rounds.
+
+Tasks whose workload already has a record in the database are not tuned again: the fleet tunes each
+operator shape once. Imports only the standard library and this environment's packages.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+
+
+def build(mod: Any, target: Any, _params: Any) -> Any:
+    """MetaSchedule's default build without importing tvm.s_tir.tensor_intrin (see the module's
+    note): runs in the builder's worker processes, which import this module by name."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+@dataclass
+class Budget:
+    trials: int
+    """Measured candidates in all, over the tasks not yet in the database; 0: no tuning."""
+    minutes: float
+    """Wall-clock bound of the tuning; checked between rounds."""
+    cores: int
+    per_batch: int = 32
+    """Most candidates measured per task and round."""
+
+
+@dataclass
+class TuneStats:
+    tasks: int = 0
+    """Tuning tasks of the model (distinct fused kernels)."""
+    reused: int = 0
+    """Tasks whose best schedule was already in the database (the shared database's hits)."""
+    tuned: int = 0
+    """Tasks that got their first record now (the time budget may stop before every task had one)."""
+    trials: int = 0
+    """Candidates measured now (records added)."""
+    records_before: int = 0
+    records_after: int = 0
+    seconds: float = 0.0
+    stopped_by_time: bool = False
+    rounds: int = 0
+
+    def record(self) -> dict[str, str]:
+        hit = self.reused / self.tasks if self.tasks else 0.0
+        return {
+            "tuningTasks": str(self.tasks),
+            "tuningTasksFromDatabase": str(self.reused),
+            "tuningDatabaseHitRate": f"{hit:.2f}",
+            "tuningTasksTuned": str(self.tuned),
+            "tuningTrialsRun": str(self.trials),
+            "tuningRecordsBefore": str(self.records_before),
+            "tuningRecordsAfter": str(self.records_after),
+            "tuningSeconds": f"{self.seconds:.1f}",
+            "tuningStoppedByTime": str(self.stopped_by_time).lower(),
+            "tuningRounds": str(self.rounds),
+        }
+
+
+def open_database(folder: Path) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return ms.database.JSONDatabase(
+        str(folder / WORKLOADS), str(folder / RECORDS), allow_missing=True, module_equality="structural"
+    )
+
+
+def _has_record(database: Any, task: Any) -> bool:
+    mod = task.dispatched[0]
+    if not database.has_workload(mod):
+        return False
+    return bool(database.get_top_k(database.commit_workload(mod), 1))
+
+
+def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> TuneStats:
+    """Tune the tasks of `mod` that the database lacks, into the database, within the budget."""
+    from tvm.s_tir import meta_schedule as ms
+
+    start = time.monotonic()
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    stats = TuneStats(tasks=len(tasks), records_before=len(database))
+    todo = [t for t in tasks if not _has_record(database, t)]
+    stats.reused = len(tasks) - len(todo)
+    if budget.trials <= 0 or not todo:
+        stats.records_after, stats.seconds = len(database), time.monotonic() - start
+        return stats
+    os.environ["TVM_NUM_THREADS"] = str(budget.cores)  # the runner's workers inherit it
+    load_cpu_intrinsics(str(target.kind.name), str(target.attrs.get("mtriple", "")))
+    # Batches of up to 32 (the evolutionary search costs about the same per batch whatever its
+    # size), smaller where the budget is small, so that every task gets some.
+    batch = min(budget.per_batch, max(4, budget.trials // len(todo)))
+    per_task = max(batch, math.ceil(budget.trials / len(todo)))
+    spent = [0] * len(todo)
+    builder = ms.builder.LocalBuilder(
+        max_workers=budget.cores, timeout_sec=builder_timeout(budget.cores), f_build=build
+    )
+    runner = ms.runner.LocalRunner(
+        timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=50)
+    )
+    cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
+    deadline = start + budget.minutes * 60
+    nxt = 0
+    while stats.trials < budget.trials:
+        if time.monotonic() >= deadline:
+            stats.stopped_by_time = True
+            break
+        # A round: the next few unfinished tasks, one batch each (a few minutes on 2 cores).
+        pending = [i for i in range(len(todo)) if spent[i] < per_task]
+        if not pending:
+            break
+        chosen = [i for i in pending if i >= nxt][:ROUND_TASKS]
+        chosen += pending[: ROUND_TASKS - len(chosen)] if len(chosen) < ROUND_TASKS else []
+        chosen = sorted(set(chosen))
+        nxt = chosen[-1] + 1
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            [todo[i] for i in chosen],
+            str(logs),
+            # The evolutionary search's population sized to the batch (its default 512 costs ~15 s
+            # a batch on 2 loaded cores, whatever the batch).
+            strategy=ms.search_strategy.EvolutionarySearch(population_size=min(512, max(64, 16 * batch))),
+            num_threads=budget.cores,
+        )
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=str(logs),
+            max_trials_global=min(batch * len(chosen), budget.trials - stats.trials),
+            max_trials_per_task=batch,
+            num_trials_per_iter=batch,
+            builder=builder,
+            runner=runner,
+            database=database,
+            cost_model=cost_model,
+            task_scheduler="round-robin",
+        )
+        for i in chosen:
+            spent[i] += batch
+        stats.trials = len(database) - stats.records_before
+        stats.rounds += 1
+    stats.tuned = sum(1 for t in todo if _has_record(database, t))
+    stats.records_after, stats.seconds = len(database), time.monotonic() - start
+    return stats
+
+
+ROUND_TASKS = 4
+"""Tasks per round: MetaSchedule has no time budget (and terminating tasks from a measure callback
+races the scheduler's own termination), so the budget is checked between short rounds."""
+
+
+def load_cpu_intrinsics(kind: str, mtriple: str) -> None:
+    """Register only the CPU tensor intrinsics the target can use before MetaSchedule imports
+    `tvm.s_tir.tensor_intrin`: that package parses every intrinsic (CUDA's, ROCm's, Hexagon's...)
+    as TVMScript at import, 20 s on a free core and 100 s on 2 loaded ones; x86's alone take 0.7 s."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    import tvm.s_tir
+
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules or kind != "llvm":
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        return
+    package = types.ModuleType(name)
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__, package.__package__ = spec, name
+    sys.modules[name] = package
+    tvm.s_tir.tensor_intrin = package
+    importlib.import_module(f"{name}.{'arm_cpu' if mtriple.startswith('aarch64') else 'x86'}")
+
+
+def builder_timeout(cores: int) -> float:
+    """A candidate's build: about a second on a free core; generous where cores are few and shared."""
+    return 60.0 if cores >= 8 else 120.0

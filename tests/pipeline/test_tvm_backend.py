@@ -1,0 +1,180 @@
+"""The TVM backend for real on small CNNs, in its own environment (scripts/setup-backend-env.sh tvm;
+`make test` builds it): the ONNX export imported by Relax there, MetaSchedule tuning with a tiny
+budget into the hardware class's shared tuning database, the `.so` validated against eager and timed
+by the Relax VM in that environment's process; a second model reusing the database; the database
+kept in step with a store (file:// and the real S3-compatible server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kompile.api.spec import Target
+from kompile.compile_jobs.backends.base import BackendError, Feeds
+from kompile.compile_jobs.benchmark import SelfTimed
+from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
+from tests.pipeline.conftest import IMAGE, build_and_compare, require_environment, torchscript_onnx
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tvm_environment() -> None:
+    require_environment("tvm")
+
+
+class Cnn(torch.nn.Module):
+    """Two conv blocks and a classifier; `classes` changes only the last layer, so two of them
+    share every other kernel shape."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = torch.nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+def _cnn(classes: int) -> torch.nn.Module:
+    torch.manual_seed(classes)
+    return Cnn(classes).eval()
+
+
+@pytest.fixture(scope="module")
+def feeds() -> list[Feeds]:
+    rng = np.random.default_rng(0)
+    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The local shared database root of this module's compiles (never the user's cache)."""
+    return tmp_path_factory.mktemp("tuning-databases")
+
+
+def _build(module: torch.nn.Module, feeds: list[Feeds], out: Path, root: Path, **options: str) -> Any:
+    out.mkdir(parents=True, exist_ok=True)
+    onnx = torchscript_onnx(module, feeds[0], out / "m.onnx", {"input": {0: "batch"}}, "output")
+    target = Target(name="cpu-tvm", backend="tvm", precision="fp32", options=options)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ROOT_ENV, str(root))
+        return build_and_compare(target, module, [IMAGE], feeds, out, onnx_path=onnx)
+
+
+def test_untuned_so_matches_eager_and_is_timed_in_its_environment(feeds: list[Feeds], tmp_path: Path) -> None:
+    artifact, runner, verdict = _build(_cnn(10), feeds, tmp_path, tmp_path / "db", tuningTrials="0")
+    assert verdict.passed, verdict.failures
+    assert min(o.cosine for o in verdict.outputs) > 0.99999
+    assert artifact.model_path.name == "model.so" and artifact.serving is None
+    o = artifact.options
+    assert o["pipeline"] == "default" and o["tuningTrialsRun"] == "0"
+    assert o["tvmTarget"].startswith("llvm -mcpu=") and o["tvmTarget"].endswith("-num-cores=2")
+    assert o["exportedStatic"] == "input=[1, 3, 32, 32]"
+    assert artifact.toolchain["apache-tvm"] == "0.27.0.post1"
+    assert artifact.toolchain["apache-tvm-ffi"] == "0.1.14.post0"
+    assert runner.output_names == ["output"]
+    timed = runner.timed(feeds[0])
+    assert isinstance(timed, SelfTimed) and timed.ns > 0
+    with pytest.raises(BackendError, match=r"built at the static shapes \[\(1, 3, 32, 32\)\]"):
+        runner.run({"input": np.zeros((2, 3, 32, 32), np.float32)})
+    runner.close()
+
+
+def test_tuning_writes_the_shared_database_and_a_second_model_reuses_it(
+    feeds: list[Feeds], tmp_path: Path, shared: Path
+) -> None:
+    first, runner, verdict = _build(
+        _cnn(10), feeds, tmp_path / "a", shared, tuningTrials="8", tuningMinutes="5"
+    )
+    runner.close()
+    assert verdict.passed, verdict.failures
+    o = first.options
+    assert o["pipeline"] == "metaschedule-database+default"
+    assert int(o["tuningRecordsAfter"]) > 0 and o["tuningTasksFromDatabase"] == "0"
+    folder = shared / o["tuningDatabase"]
+    assert len(Database.read(folder).records) == int(o["tuningRecordsShared"]) > 0
+
+    second, runner, verdict = _build(_cnn(5), feeds, tmp_path / "b", shared, tuningTrials="0")
+    runner.close()
+    assert verdict.passed, verdict.failures
+    s = second.options
+    assert s["tuningDatabase"] == o["tuningDatabase"]
+    # The convolutions' shapes are the first model's: their schedules come from the database.
+    assert int(s["tuningTasksFromDatabase"]) > 0
+    assert float(s["tuningDatabaseHitRate"]) > 0
+    assert s["pipeline"] == "metaschedule-database+default"
+
+
+def _db(workloads: list[str], records: list[tuple[int, str]]) -> Database:
+    return Database(
+        [json.dumps([str(i), w]) for i, w in enumerate(workloads)],
+        [json.dumps([i, [r]]) for i, r in records],
+    )
+
+
+def test_merge_is_the_union_with_records_reindexed() -> None:
+    ours = _db(["conv", "pool"], [(0, "c1"), (1, "p1")])
+    theirs = _db(["dense", "conv"], [(0, "d1"), (1, "c1"), (1, "c2")])
+    merged = ours.merged(theirs)
+    pairs = {(json.loads(merged.workloads[i])[1], r[0]) for i, r in (json.loads(x) for x in merged.records)}
+    assert pairs == {("conv", "c1"), ("pool", "p1"), ("dense", "d1"), ("conv", "c2")}
+    assert merged.workloads[:2] == ours.workloads  # the base's lines stay a prefix
+    assert merged.merged(theirs) == merged and merged.merged(ours) == merged
+
+
+def _sync_round_trip(remote: str, tmp_path: Path) -> None:
+    """Two builds of one class on two machines: the first pushes, the second pulls it, both extend
+    it, and the store keeps the union whatever the order of their pushes."""
+    a = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-a", remote)
+    b = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-b", remote)
+    assert a.pull() == 0
+    state_a = a.checkout(tmp_path / "build-a")
+    _db(["conv"], [(0, "c1")]).write(state_a)
+    assert a.checkin(state_a) == 1
+    assert b.pull() == 1
+    state_b = b.checkout(tmp_path / "build-b")
+    assert len(Database.read(state_b).records) == 1
+    _db(["conv", "dense"], [(0, "c1"), (1, "d1")]).write(state_b)
+    # Meanwhile machine a tunes another kernel and pushes first.
+    state_a2 = a.checkout(tmp_path / "build-a2")
+    Database.read(state_a2).merged(_db(["pool"], [(0, "p1")])).write(state_a2)
+    a.checkin(state_a2)
+    b.checkin(state_b)
+    fresh = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-c", remote)
+    assert fresh.pull() == 3
+    kept = {json.loads(r)[1][0] for r in Database.read(fresh.folder).records}
+    assert kept == {"c1", "d1", "p1"}
+
+
+def test_database_sync_through_a_file_store(tmp_path: Path) -> None:
+    _sync_round_trip((tmp_path / "store" / "timing-caches").as_uri() + "/cpu-x/tvm-0.27/llvm", tmp_path)
+
+
+def test_database_sync_through_the_s3_server(s3_server: Any, s3_env: Any, tmp_path: Path) -> None:
+    s3_server.create_bucket("tvm-db")
+    _sync_round_trip("s3://tvm-db/timing-caches/cpu-x/tvm-0.27/llvm", tmp_path)
+
+
+def test_an_unreachable_store_only_costs_the_sharing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A database is a speed-up: a store that cannot be read or written is reported, never fatal."""
+    db = SharedDatabase(
+        "cpu-x/tvm-0.27/llvm", tmp_path / "local", "s3://no-such-bucket/t", "http://127.0.0.1:9"
+    )
+    assert db.pull() == 0
+    state = db.checkout(tmp_path / "build")
+    _db(["conv"], [(0, "c1")]).write(state)
+    assert db.checkin(state) == 1  # kept locally
+    err = capsys.readouterr().err
+    assert "tuning database not pulled" in err and "tuning database not pushed" in err
