@@ -26,6 +26,11 @@ ENVIRONMENT_PINNED: dict[str, dict[str, str]] = {
         "ai-edge-quantizer": "0.10.0",
         "torch": "2.14.1",
     },
+    "iree": {
+        "iree-base-compiler": "3.13.0",
+        "iree-base-runtime": "3.13.0",
+        "onnx": "1.23.2",
+    },
 }
 """Per own environment (a catalog entry's `environment`): the versions its env-<name>.txt pins."""
 

@@ -22,9 +22,10 @@ STAGES = {
     "operator": ["kompile", "operator"],
     "compile-cpu": ["kompile-job"],
     "compile-litert": ["kompile-job"],
+    "compile-iree": ["kompile-job"],
     "compile-gpu": ["kompile-job"],
 }
-ENV_STAGES = {"compile-litert": "litert"}
+ENV_STAGES = {"compile-litert": "litert", "compile-iree": "iree"}
 """Stages that add a backend's own environment to the CPU image (no pip install of their own)."""
 HEAVY = {"torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "tensorrt", "onnx"}
 

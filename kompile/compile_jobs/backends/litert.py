@@ -56,11 +56,14 @@ def save_arrays(path: Path, arrays: list[Array]) -> str:
 
 
 class LiteRtRunner:
-    """A `.tflite` model run by the LiteRT interpreter in the environment's process."""
+    """A `.tflite` model run by the LiteRT interpreter in the environment's process (a subclass
+    names another environment whose steps answer the same load and run requests)."""
+
+    environment = ENVIRONMENT
 
     def __init__(self, path: Path, input_names: list[str], threads: int) -> None:
         self.path, self.input_names = path, input_names
-        self.process = EnvProcess(ENVIRONMENT)
+        self.process = EnvProcess(self.environment)
         reply = self.process.call({"op": "load", "model": str(path.resolve()), "threads": threads})
         count = len(reply["outputs"])
         self.output_names: list[str] = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
@@ -75,6 +78,7 @@ class LiteRtRunner:
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise BackendError(f"inputs {missing} missing for {self.path.name}; it takes {self.input_names}")
+        self.check_feed(feeds)
         self._calls += 1
         arrays = [feeds[n] for n in self.input_names]
         path = save_arrays(self.process.scratch / f"feed-{self._calls}.npz", arrays)
@@ -82,6 +86,9 @@ class LiteRtRunner:
             self._files.clear()
         self._files[id(feeds)] = (feeds, path)
         return path
+
+    def check_feed(self, feeds: Feeds) -> None:
+        """Refuse a feed the artifact cannot run (BackendError); the environment checks by default."""
 
     def run(self, feeds: Feeds) -> list[Array]:
         out = self.process.scratch / "outputs.npz"
