@@ -27,7 +27,7 @@ from cpu_artifacts import CASES, build, export, torch_call  # noqa: E402
 
 from kompile.api.spec import InputSpec, Target  # noqa: E402
 from kompile.compile_jobs import benchmark  # noqa: E402
-from kompile.compile_jobs.backends.base import Feeds, Runner, get_backend  # noqa: E402
+from kompile.compile_jobs.backends.base import BackendError, Feeds, Runner, get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import set_threads, time_interleaved  # noqa: E402
 from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.hardware import cpu_description  # noqa: E402
@@ -100,7 +100,11 @@ def run_model(
             threads=threads,
         )
         started = time.perf_counter()
-        artifact = get_backend("iree").compile(request)
+        try:
+            artifact = get_backend("iree").compile(request)
+        except BackendError as err:
+            result["variants"][label] = {"options": options, "error": str(err)}
+            continue
         compile_s = time.perf_counter() - started
         runner = get_backend("iree").load(artifact, threads=threads)
         runners.append(runner)

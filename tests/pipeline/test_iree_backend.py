@@ -120,7 +120,7 @@ def test_an_op_iree_cannot_lower_is_named(tmp_path: Path) -> None:
     feed = {"input": np.ones((1, 1, 8, 8), np.float32)}
     request = compile_request(target, onnx_path=path, out_dir=tmp_path, signature=[spec], feeds=[feed])
     with pytest.raises(
-        BackendError, match="IREE has no lowering for the ONNX op LpPool; replace that construct"
+        BackendError, match="IREE has no lowering for the ONNX op LpPool; replace that construct in the model"
     ):
         get_backend("iree").compile(request)
 

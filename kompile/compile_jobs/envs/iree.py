@@ -137,7 +137,7 @@ class Steps:
             except tools.CompilerToolError as err:
                 raise StepFailed(
                     f"iree-compile failed: {compiler_error(str(err))}; replace that construct in the "
-                    "model, or build it with another backend"
+                    "model, change the flags (options flags, extraFlags) or use another backend"
                 ) from err
         done = time.perf_counter()
         return {
