@@ -18,8 +18,8 @@ class IreeOptions(BackendOptions):
 
     flags: Literal["tuned", "default"] = Field(
         default="tuned",
-        description="Compile flags: tuned (what measured faster on x86-64 AVX-512 and AVX2: data "
-        "tiling, convolutions as im2col + matmul) or default (IREE's own defaults, only the CPU named).",
+        description="Compile flags: tuned (what measured faster: data tiling, convolutions as im2col + "
+        "matmul, microkernels) or default (IREE's own defaults, only the CPU named).",
     )
     target_cpu: Literal["class", "host"] = Field(
         default="class",
