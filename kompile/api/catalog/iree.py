@@ -19,7 +19,7 @@ class IreeOptions(BackendOptions):
     flags: Literal["tuned", "default"] = Field(
         default="tuned",
         description="Compile flags: tuned (what measured faster: data tiling, convolutions as im2col + "
-        "matmul, microkernels) or default (IREE's own defaults, only the CPU named).",
+        "matmul) or default (IREE's own defaults, only the CPU named).",
     )
     target_cpu: Literal["class", "host"] = Field(
         default="class",

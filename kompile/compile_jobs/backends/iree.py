@@ -11,7 +11,7 @@ Steps, each recorded in the artifact's options:
   the module runs on every node of the class) or, with option targetCpu host, the compiling node's
   CPU; IREE's default (a generic x86-64 without AVX) ran ResNet-50 several times slower;
 - the flag set (option flags): `tuned` adds what measured faster (data tiling, im2col convolutions
-  into those data-tiled matmuls, microkernels; docs/backends.md has the figures), `default` is IREE's own
+  into those data-tiled matmuls; docs/backends.md has the figures), `default` is IREE's own
   defaults; `extraFlags` come last. The whole command line is recorded in `compileFlags`;
 - `load` starts the environment's process with the IREE runtime (`local-task`, the run's thread
   count as its worker count): validation runs the `.vmfb` that ships, and the benchmark times each
@@ -61,13 +61,10 @@ CLASS_TARGETS: dict[str, tuple[str, str]] = {
     "neon": ("generic", "+neon"),
 }
 # What measured faster on top of IREE's defaults (docs/backends.md, "iree"): data tiling (packed
-# matmul layouts), convolutions as im2col + matmul so they share those kernels, and IREE's
-# microkernels for them. Not O3: it failed BERT-base's LayerNorm ("exceeded stack allocation limit").
-TUNED = (
-    "--iree-opt-data-tiling",
-    "--iree-global-opt-use-im2col-for-convs",
-    "--iree-llvmcpu-enable-ukernels=all",
-)
+# matmul layouts) and convolutions as im2col + matmul so they share those kernels. Not O3: it
+# failed BERT-base's LayerNorm ("exceeded stack allocation limit"); not ukernels=all: -10% to +19%
+# across three runs, no steady gain.
+TUNED = ("--iree-opt-data-tiling", "--iree-global-opt-use-im2col-for-convs")
 # An expert's extra flags: iree-compile options only, none that writes or reads a file.
 _EXTRA = re.compile(r"--iree-[a-z0-9-]+(=[A-Za-z0-9_.,+=-]*)?")
 _FILE_FLAG = re.compile(r"dump|output|export|save|path|file|dir|import|link|plugin|tool", re.IGNORECASE)
