@@ -140,7 +140,7 @@ def test_kompile_run_validates_and_times_an_iree_target(kompile_run: Any, write_
 def test_flags_come_from_the_class_isa_and_refuse_file_flags() -> None:
     assert target_flags("avx512vnni", "class") == [
         "--iree-llvmcpu-target-cpu=x86-64-v4",
-        "--iree-llvmcpu-target-cpu-features=+avx512vnni,-prefer-256-bit",
+        "--iree-llvmcpu-target-cpu-features=+avx512vnni",
     ]
     assert target_flags("avx2", "class") == ["--iree-llvmcpu-target-cpu=x86-64-v3"]
     assert target_flags("neon", "host") == ["--iree-llvmcpu-target-cpu=host"]
