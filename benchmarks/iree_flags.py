@@ -28,7 +28,7 @@ from cpu_artifacts import CASES, build, export, torch_call  # noqa: E402
 from kompile.api.spec import InputSpec, Target  # noqa: E402
 from kompile.compile_jobs import benchmark  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, Feeds, Runner, get_backend  # noqa: E402
-from kompile.compile_jobs.benchmark import set_threads, time_interleaved  # noqa: E402
+from kompile.compile_jobs.benchmark import QuietRounds, set_threads, time_interleaved  # noqa: E402
 from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.hardware import cpu_description  # noqa: E402
 from kompile.compile_jobs.run_results import compare  # noqa: E402
@@ -120,8 +120,13 @@ def run_model(
         fns[label] = benchmark.runner_call(runner, feed)
     ort = ort_runner(onnx_path, sig, feed, threads)
     fns["onnxruntime-fp32"] = benchmark.runner_call(ort, feed)
-    stats = time_interleaved(fns, 1, warmup=3, iterations=iterations, pause_s=0.2, settle=1)
+    # As the pipeline times: the rounds other processes disturbed least (a shared machine's load
+    # makes every runtime's latency bimodal).
+    quiet = QuietRounds()
+    stats = time_interleaved(fns, 1, warmup=3, iterations=iterations, pause_s=0.2, settle=1, quiet=quiet)
     result["p50_ms"] = {k: round(v.p50_ms, 2) for k, v in stats.items()}
+    result["p90_ms"] = {k: round(v.p90_ms, 2) for k, v in stats.items()}
+    result["rounds_discarded"] = quiet.discarded
     result["loadavg_after"] = loadavg()
     for r in runners:
         r.close()
