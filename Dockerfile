@@ -1,10 +1,11 @@
 # syntax=docker/dockerfile:1
-# Four images from one file, one target each:
+# Five images from one file, one target each:
 #   docker build --target operator       -t ghcr.io/kompile/operator:0.1.0       .
 #   docker buildx build --platform linux/amd64,linux/arm64 --target compile-cpu \
 #     -t ghcr.io/kompile/compile-cpu:0.1.0 --push .
 #   docker buildx build --platform linux/amd64,linux/arm64 --target compile-litert \
 #     -t ghcr.io/kompile/compile-litert:0.1.0 --push .
+#   docker build --target compile-iree   -t ghcr.io/kompile/compile-iree:0.1.0   .
 #   docker build --target compile-gpu    -t ghcr.io/kompile/compile-gpu:0.1.0    .
 # compile-cpu and compile-litert are multi-arch tags: arm64 edge classes pull their arm64 variant
 # (the operator pins the architecture with the Job's nodeSelector; auto offers litert on arm64
@@ -90,6 +91,23 @@ RUN PIP_NO_CACHE_DIR=1 KOMPILE_CACHE=/opt/kompile/envs scripts/setup-backend-env
     && ln -s "$(cat /tmp/env-path)" /opt/kompile/envs/litert \
     && rm /tmp/env-path
 ENV KOMPILE_ENV_LITERT=/opt/kompile/envs/litert
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]
+
+# ---------------------------------------------------------------------------------------------------
+# The CPU compile image plus the iree backend's own environment (iree-base-compiler, iree-base-runtime
+# and onnx, no torch): requirements/env-iree.txt at a fixed path that KOMPILE_ENV_IREE names. The
+# operator's KOMPILE_ENV_IMAGES (default iree=ghcr.io/kompile/compile-iree:0.1.0) sends targets with
+# an iree candidate here. About 600 MB more.
+FROM compile-cpu AS compile-iree
+USER 0
+WORKDIR /opt/kompile
+COPY requirements/env-iree.txt requirements/env-iree.txt
+COPY scripts/setup-backend-env.sh scripts/setup-backend-env.sh
+RUN PIP_NO_CACHE_DIR=1 KOMPILE_CACHE=/opt/kompile/envs scripts/setup-backend-env.sh iree > /tmp/env-path \
+    && ln -s "$(cat /tmp/env-path)" /opt/kompile/envs/iree \
+    && rm /tmp/env-path
+ENV KOMPILE_ENV_IREE=/opt/kompile/envs/iree
 USER 65532:65532
 ENTRYPOINT ["kompile-job"]
 

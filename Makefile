@@ -7,8 +7,8 @@ SEED ?= $(shell date +%s)
 
 # Backends' own environments (requirements/env-*.txt; cached under ~/.cache/kompile by the hash of
 # each file): litert's and xla's first builds take about 5 minutes and 6.5 GB each (a second torch);
-# tvm's about 30 seconds and 450 MB (no torch).
-ENVS ?= litert tvm xla
+# tvm's about 30 seconds and 450 MB, iree's about a minute and 600 MB (no torch).
+ENVS ?= litert iree tvm xla
 
 .PHONY: demo test lint unit envs control-plane dev-cluster crds mlflow-ui
 

@@ -32,6 +32,11 @@ ENVIRONMENT_PINNED: dict[str, dict[str, str]] = {
         "apache-tvm-ffi": "0.1.14.post0",
         "onnx": "1.23.2",
     },
+    "iree": {
+        "iree-base-compiler": "3.13.0",
+        "iree-base-runtime": "3.13.0",
+        "onnx": "1.23.2",
+    },
 }
 """Per own environment (a catalog entry's `environment`): the versions its env-<name>.txt pins."""
 

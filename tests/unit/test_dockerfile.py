@@ -23,12 +23,13 @@ STAGES = {
     "operator": ["kompile", "operator"],
     "compile-cpu": ["kompile-job"],
     "compile-litert": ["kompile-job"],
+    "compile-iree": ["kompile-job"],
     "compile-tvm": ["kompile-job"],
     "compile-xla": ["kompile-job"],
     "compile-envs": ["kompile-job"],
     "compile-gpu": ["kompile-job"],
 }
-ENV_STAGES = {"compile-litert": "litert", "compile-tvm": "tvm", "compile-xla": "xla"}
+ENV_STAGES = {"compile-litert": "litert", "compile-iree": "iree", "compile-tvm": "tvm", "compile-xla": "xla"}
 """Stages that add a backend's own environment to the CPU image (no pip install of their own)."""
 ALL_ENVS_STAGE = "compile-envs"
 """The stage that adds every own environment (for targets whose candidates need several)."""
@@ -79,7 +80,7 @@ def test_base_images_are_pinned() -> None:
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", images["operator"]), images
     assert images["compile-cpu"] == images["operator"]
     assert images["compile-litert"] == images["compile-xla"] == "compile-cpu"  # CPU image + environment
-    assert images["compile-tvm"] == images["compile-envs"] == "compile-cpu"
+    assert images["compile-iree"] == images["compile-tvm"] == images["compile-envs"] == "compile-cpu"
     # A monthly NGC release; TensorRT plans are tied to its TensorRT version.
     assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d{2}\.\d{2}-py3", images["compile-gpu"]), images
 

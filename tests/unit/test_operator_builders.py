@@ -169,6 +169,7 @@ def test_a_target_with_an_own_environment_backend_runs_in_that_environments_imag
     settings = Settings.from_env({"KOMPILE_CPU_IMAGE": "example/compile-cpu:1"})
     assert settings.env_images == {
         "litert": "ghcr.io/kompile/compile-litert:0.1.0",
+        "iree": "ghcr.io/kompile/compile-iree:0.1.0",
         "tvm": "ghcr.io/kompile/compile-tvm:0.1.0",
         "xla": "ghcr.io/kompile/compile-xla:0.1.0",
     }

@@ -1,0 +1,177 @@
+"""IREE backend for CPUs: the pipeline's fp32 ONNX export, imported to MLIR by IREE's ONNX importer
+and compiled by `iree-compile` for `llvm-cpu` into a `.vmfb` module, in the backend's own
+environment (requirements/env-iree.txt: no torch there, the ONNX export is all it takes).
+
+Steps, each recorded in the artifact's options:
+- the ONNX export with every dynamic dimension fixed at the signature's opt size: IREE compiles
+  dynamic dimensions, but its CPU code generation picks tile sizes and data-tiled layouts from
+  static shapes; the options say `exportedStatic` with the shape, and status says the artifact runs
+  only there;
+- the CPU code is generated for: the hardware class's ISA (an LLVM CPU level and features, so
+  the module runs on every node of the class) or, with option targetCpu host, the compiling node's
+  CPU; IREE's default (a generic x86-64 without AVX) ran ResNet-50 several times slower;
+- the flag set (option flags): `tuned` adds what measured faster (data tiling, im2col convolutions
+  into those data-tiled matmuls; docs/backends.md has the figures), `default` is IREE's own
+  defaults; `extraFlags` come last. The whole command line is recorded in `compileFlags`;
+- `load` starts the environment's process with the IREE runtime (`local-task`, the run's thread
+  count as its worker count): validation runs the `.vmfb` that ships, and the benchmark times each
+  call in that process.
+
+A missing environment fails the candidate with reason EnvironmentMissing, a crashed one with
+EnvironmentFailed and its stderr tail. Not served by KServe: Triton has no IREE backend.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kompile.api.catalog.iree import IreeOptions
+from kompile.compile_jobs.backends.base import (
+    Backend,
+    BackendError,
+    CompiledArtifact,
+    CompileRequest,
+    Feeds,
+    options_of,
+)
+from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.env_backend import EnvRunner
+from kompile.compile_jobs.environments import EnvProcess
+from kompile.compile_jobs.hardware import cpu_description, local_cpu_class
+
+Array = np.ndarray[Any, Any]
+ENVIRONMENT = "iree"
+CPU = "--iree-llvmcpu-target-cpu="
+FEATURES = "--iree-llvmcpu-target-cpu-features="
+# LLVM CPU levels and features by the class's ISA (kompile.compile_jobs.hardware.cpu_isa): what
+# every CPU of that class has, no more (LLVM's own tuning of each level kept: dropping x86-64-v4's
+# prefer-256-bit gave -9% in one run and +2% in the next).
+CLASS_TARGETS: dict[str, tuple[str, str]] = {
+    "avx512vnni": ("x86-64-v4", "+avx512vnni"),
+    "avx512": ("x86-64-v4", ""),
+    "avxvnni": ("x86-64-v3", "+avxvnni"),
+    "avx2": ("x86-64-v3", ""),
+    "sse": ("x86-64-v2", ""),
+    "dotprod": ("generic", "+neon,+dotprod"),
+    "neon": ("generic", "+neon"),
+}
+# What measured faster on top of IREE's defaults (docs/backends.md, "iree"): data tiling (packed
+# matmul layouts) and convolutions as im2col + matmul so they share those kernels. Not O3: it
+# failed BERT-base's LayerNorm ("exceeded stack allocation limit"); not ukernels=all: -10% to +19%
+# across three runs, no steady gain.
+TUNED = ("--iree-opt-data-tiling", "--iree-global-opt-use-im2col-for-convs")
+# An expert's extra flags: iree-compile options only, none that writes or reads a file.
+_EXTRA = re.compile(r"--iree-[a-z0-9-]+(=[A-Za-z0-9_.,+=-]*)?")
+_FILE_FLAG = re.compile(r"dump|output|export|save|path|file|dir|import|link|plugin|tool", re.IGNORECASE)
+
+
+def class_isa(hardware_class: str) -> str:
+    """The ISA part of a CPU class name (cpu-amd64-avx512vnni -> avx512vnni)."""
+    return hardware_class.rsplit("-", 1)[-1]
+
+
+def target_flags(isa: str, target_cpu: str) -> list[str]:
+    """The llvm-cpu target: the class's ISA as an LLVM CPU level and features, or the host's."""
+    if target_cpu == "host":
+        return [CPU + "host"]
+    if isa not in CLASS_TARGETS:
+        raise BackendError(f"iree knows no LLVM CPU for ISA {isa!r}; set option targetCpu host")
+    cpu, features = CLASS_TARGETS[isa]
+    return [CPU + cpu] + ([FEATURES + features] if features else [])
+
+
+def extra_flags(text: str) -> list[str]:
+    """The option extraFlags as a list; BackendError naming a flag it refuses."""
+    flags = text.split()
+    for flag in flags:
+        if not _EXTRA.fullmatch(flag):
+            raise BackendError(
+                f"option extraFlags: {flag!r} is not an iree-compile flag (--iree-name or --iree-name=value)"
+            )
+        if _FILE_FLAG.search(flag.split("=", 1)[0]):
+            raise BackendError(
+                f"option extraFlags: {flag!r} reads or writes files, which a compile Job refuses"
+            )
+    return flags
+
+
+def compile_flags(opts: IreeOptions, isa: str) -> list[str]:
+    chosen = list(TUNED) if opts.flags == "tuned" else []
+    return target_flags(isa, opts.target_cpu) + chosen + extra_flags(opts.extra_flags)
+
+
+class IreeRunner(EnvRunner):
+    """A `.vmfb` module run by the IREE runtime in the iree environment's process (the same load and
+    run requests as LiteRT's), at the static shapes it was compiled for."""
+
+    environment = ENVIRONMENT
+
+    def __init__(
+        self, path: Path, input_names: list[str], shapes: dict[str, list[int]], threads: int
+    ) -> None:
+        self.shapes = shapes
+        super().__init__(path, input_names, threads)
+
+    def check_feed(self, feeds: Feeds) -> None:
+        got = {n: list(np.shape(feeds[n])) for n in self.input_names}
+        if got != self.shapes:
+            raise BackendError(
+                f"the .vmfb was compiled at the static shapes {self.shapes} and runs only those, not {got}"
+            )
+
+
+class IreeBackend(Backend):
+    name = "iree"
+
+    def compile(self, request: CompileRequest) -> CompiledArtifact:
+        self.check_request(request)
+        opts = options_of(request, IreeOptions)
+        isa = class_isa(local_cpu_class())
+        flags = compile_flags(opts, isa)
+        signature = request.signature
+        shapes = {s.name: [int(d) for d in s.concrete_shape()] for s in signature}
+        threads = opts.intra_op_threads or request.threads or available_cores()
+        record = {
+            "precision": request.target.precision,
+            "inputOrder": ",".join(s.name for s in signature),
+            "staticShapes": json.dumps(shapes, separators=(",", ":")),
+            "flags": opts.flags,
+            "targetCpu": opts.target_cpu,
+            "isa": isa,
+            "compileFlags": " ".join(flags),
+            "threads": str(threads),
+        }
+        if any(s.dynamic_dims for s in signature):
+            record["exportedStatic"] = ";".join(f"{n}={shape}" for n, shape in shapes.items())
+        out = request.out_dir / "model.vmfb"
+        request.out_dir.mkdir(parents=True, exist_ok=True)
+        with EnvProcess(ENVIRONMENT, request.out_dir) as env:
+            reply = env.call(
+                {
+                    "op": "compile",
+                    "program": str(request.onnx().resolve()),
+                    "example": "",
+                    "calibration": [],
+                    "precision": request.target.precision,
+                    "quantization": "",
+                    "out": str(out.resolve()),
+                    "options": {**opts.record(), **record},
+                }
+            )
+        toolchain = {**self.installed_versions(), "cpu": cpu_description()}
+        return CompiledArtifact(self.name, out, options=record | reply["record"], toolchain=toolchain)
+
+    def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> IreeRunner:
+        """A runner with `threads` workers, else the compile's recorded count."""
+        options = artifact.options
+        shapes: dict[str, list[int]] = json.loads(options["staticShapes"])
+        count = threads or int(options["threads"])
+        return IreeRunner(artifact.model_path, options["inputOrder"].split(","), shapes, count)
+
+
+BACKEND = IreeBackend()

@@ -1,0 +1,159 @@
+"""The IREE backend for real on a small CNN, in its own environment (scripts/setup-backend-env.sh
+iree; `make test` builds it): the ONNX export here, IREE's ONNX importer and iree-compile there, the
+`.vmfb` validated against eager and timed by the IREE runtime in that environment's process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kompile.api.spec import InputSpec, Target
+from kompile.compile_jobs import run_results
+from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
+from kompile.compile_jobs.backends.iree import compile_flags, extra_flags, target_flags
+from kompile.compile_jobs.benchmark import SelfTimed
+from kompile.compile_jobs.build import compile_request
+from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
+from kompile.compile_jobs.validate import resolve_thresholds
+from tests.pipeline.conftest import IMAGE, small_cnn_doc, torchscript_onnx
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _iree_environment() -> None:
+    """`make test` builds it; run by hand without it, each test fails saying how to build it (a
+    skip would let CI pass without ever running IREE)."""
+    try:
+        find_environment("iree")
+    except EnvironmentMissing as missing:
+        pytest.fail(str(missing))
+
+
+@pytest.fixture(scope="module")
+def feeds() -> list[Feeds]:
+    rng = np.random.default_rng(0)
+    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
+
+
+def _build(
+    onnx_path: Path, module: Any, signature: list[InputSpec], feeds: list[Feeds], out: Path, **options: str
+) -> tuple[Any, Any, Any]:
+    target = Target(name="cpu-iree", backend="iree", precision="fp32", options=options or None)
+    request = compile_request(
+        target, module=module, onnx_path=onnx_path, out_dir=out, signature=signature, feeds=feeds, threads=2
+    )
+    backend = get_backend("iree")
+    artifact = backend.compile(request)
+    runner = backend.load(artifact, threads=2)
+    outputs = request.reference.with_outputs("iree-fp32", [runner.run(f) for f in feeds])
+    return artifact, runner, run_results.compare(request.reference, outputs, resolve_thresholds("fp32"))
+
+
+@pytest.fixture(scope="module")
+def tuned(feeds: list[Feeds], tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    from models.small import small_cnn
+
+    out = tmp_path_factory.mktemp("tuned")
+    model = small_cnn()
+    path = torchscript_onnx(
+        model, feeds[0], out / "small.onnx", {"input": {0: "batch"}, "output": {0: "batch"}}, "output"
+    )
+    return _build(path, model, [IMAGE], feeds, out)
+
+
+def test_tuned_vmfb_matches_eager_at_the_static_shape_and_is_timed_in_its_environment(
+    tuned: tuple[Any, Any, Any], feeds: list[Feeds]
+) -> None:
+    artifact, runner, verdict = tuned
+    try:
+        assert verdict.passed, verdict.failures
+        assert min(o.cosine for o in verdict.outputs) > 0.99999
+        assert artifact.model_path.name == "model.vmfb" and artifact.serving is None
+        o = artifact.options
+        assert o["threads"] == "2" and o["flags"] == "tuned" and o["targetCpu"] == "class"
+        # A dynamic batch is fixed at the signature's opt: IREE's CPU tiling wants static shapes.
+        assert o["exportedStatic"] == "input=[1, 3, 32, 32]"
+        assert "--iree-global-opt-use-im2col-for-convs" in o["compileFlags"].split()
+        assert o["compileFlags"].startswith("--iree-llvmcpu-target-cpu=")
+        assert artifact.toolchain["iree-base-compiler"] == "3.13.0" and "onnx" in artifact.toolchain
+        assert runner.output_names == ["output"]
+        timed = runner.timed(feeds[0])
+        assert isinstance(timed, SelfTimed) and timed.ns > 0
+        with pytest.raises(
+            BackendError, match=r"compiled at the static shapes \{'input': \[1, 3, 32, 32\]\}"
+        ):
+            runner.run({"input": np.zeros((2, 3, 32, 32), np.float32)})
+    finally:
+        runner.close()
+
+
+def test_iree_default_flags_name_only_the_cpu(feeds: list[Feeds], tmp_path: Path) -> None:
+    from models.small import small_cnn
+
+    model = small_cnn()
+    path = torchscript_onnx(model, feeds[0], tmp_path / "small.onnx", {"input": {0: "batch"}}, "output")
+    artifact, runner, verdict = _build(
+        path, model, [IMAGE], feeds[:2], tmp_path, flags="default", targetCpu="host"
+    )
+    runner.close()
+    assert verdict.passed, verdict.failures
+    assert artifact.options["compileFlags"] == "--iree-llvmcpu-target-cpu=host"
+
+
+def test_an_op_iree_cannot_lower_is_named(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("LpPool", ["input"], ["output"], kernel_shape=[2, 2])
+    graph = helper.make_graph(
+        [node],
+        "main_graph",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 7, 7])],
+    )
+    path = tmp_path / "lppool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    spec = InputSpec.model_validate({"name": "input", "shape": [1, 1, 8, 8]})
+    target = Target(name="cpu-iree", backend="iree", precision="fp32")
+    feed = {"input": np.ones((1, 1, 8, 8), np.float32)}
+    request = compile_request(target, onnx_path=path, out_dir=tmp_path, signature=[spec], feeds=[feed])
+    with pytest.raises(
+        BackendError, match="IREE has no lowering for the ONNX op LpPool; replace that construct in the model"
+    ):
+        get_backend("iree").compile(request)
+
+
+def test_kompile_run_validates_and_times_an_iree_target(kompile_run: Any, write_manifest: Any) -> None:
+    doc = small_cnn_doc(targets=[{"name": "cpu-iree", "backend": "iree", "precision": "fp32"}])
+    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
+    res = kompile_run(write_manifest(doc))
+    target = res.status["targets"][0]
+    assert target["phase"] == "Succeeded", target
+    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
+    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
+    assert [s["batchSize"] for s in target["latency"]] == [1]  # compiled at batch 1 only
+    assert target["speedup"] > 0
+
+
+def test_flags_come_from_the_class_isa_and_refuse_file_flags() -> None:
+    assert target_flags("avx512vnni", "class") == [
+        "--iree-llvmcpu-target-cpu=x86-64-v4",
+        "--iree-llvmcpu-target-cpu-features=+avx512vnni",
+    ]
+    assert target_flags("avx2", "class") == ["--iree-llvmcpu-target-cpu=x86-64-v3"]
+    assert target_flags("neon", "host") == ["--iree-llvmcpu-target-cpu=host"]
+    with pytest.raises(BackendError, match="no LLVM CPU for ISA 'riscv'; set option targetCpu host"):
+        target_flags("riscv", "class")
+    assert extra_flags("--iree-opt-strip-assertions --iree-llvmcpu-enable-ukernels=all") == [
+        "--iree-opt-strip-assertions",
+        "--iree-llvmcpu-enable-ukernels=all",
+    ]
+    for bad in ("--iree-hal-dump-executable-binaries-to=/tmp", "-o=/x", "--mlir-print-ir-after-all"):
+        with pytest.raises(BackendError, match="option extraFlags"):
+            extra_flags(bad)
+    from kompile.api.catalog.iree import IreeOptions
+
+    opts = IreeOptions.model_validate({"flags": "default", "extraFlags": "--iree-opt-level=O2"})
+    assert compile_flags(opts, "avx2") == ["--iree-llvmcpu-target-cpu=x86-64-v3", "--iree-opt-level=O2"]
