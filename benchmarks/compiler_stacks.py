@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ sys.path[:0] = [str(ROOT)]
 from cpu_artifacts import CaseRun, ModelCase, add_run_artifacts, best_validated, main, measure_case  # noqa: E402
 from edge_artifacts import ORT, BuiltSpec, add_built  # noqa: E402
 
+from kompile.compile_jobs import tvm_database  # noqa: E402
+
 ORT_FP32 = [a for a in ORT if a[0] == "ort-fp32"]
 BUDGET: dict[str, str] = {}
 """The TVM tuning budget of this run (--tvm-trials, --tvm-minutes), as target options."""
@@ -36,13 +39,8 @@ TVM_MODELS: set[str] = set()
 minutes of timing rounds."""
 
 
-def stacks(model: str) -> list[BuiltSpec]:
-    tvm: list[BuiltSpec] = [
-        ("tvm-untuned", "tvm", "fp32", None, {"tuningTrials": "0"}),
-        ("tvm-tuned", "tvm", "fp32", None, dict(BUDGET)),
-    ]
+def stacks() -> list[BuiltSpec]:
     return [
-        *(tvm if model in TVM_MODELS else []),
         ("iree-default", "iree", "fp32", None, {"flags": "default"}),
         ("iree-tuned", "iree", "fp32", None, {"flags": "tuned"}),
         ("xla", "xla", "fp32", None, {}),
@@ -51,10 +49,28 @@ def stacks(model: str) -> list[BuiltSpec]:
     ]
 
 
+def add_tvm(run: CaseRun) -> None:
+    """TVM untuned (no trials, and an empty tuning database: the shared one would lend it the
+    schedules earlier runs tuned) and tuned within the budget on the shared database."""
+    with tempfile.TemporaryDirectory(prefix="tvm-empty-db-") as empty:
+        saved = os.environ.get(tvm_database.ROOT_ENV)
+        os.environ[tvm_database.ROOT_ENV] = empty
+        try:
+            add_built(run, [("tvm-untuned", "tvm", "fp32", None, {"tuningTrials": "0"})])
+        finally:
+            if saved is None:
+                os.environ.pop(tvm_database.ROOT_ENV)
+            else:
+                os.environ[tvm_database.ROOT_ENV] = saved
+    add_built(run, [("tvm-tuned", "tvm", "fp32", None, dict(BUDGET))])
+
+
 def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
     def runtimes(run: CaseRun) -> None:
         add_run_artifacts(run, ORT_FP32)
-        add_built(run, stacks(case.name))
+        if case.name in TVM_MODELS:
+            add_tvm(run)
+        add_built(run, stacks())
 
     report = measure_case(case, args, work, threads, runtimes, reference_batch=1)
     report["best"] = best_validated(report)

@@ -9,12 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from kompile.api.spec import InputSpec
 from kompile.cli import app
+from kompile.compile_jobs.backends.base import Feeds
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -186,3 +188,30 @@ def build_and_compare(
     outputs = request.reference.with_outputs(name, [runner.run(f) for f in feeds])
     verdict = run_results.compare(request.reference, outputs, resolve_thresholds(target.precision))
     return artifact, runner, verdict
+
+
+def run_static_target(
+    kompile_run: Callable[..., RunResult],
+    write_manifest: Callable[[dict[str, Any]], Path],
+    backend: str,
+    precision: str = "fp32",
+) -> dict[str, Any]:
+    """`kompile run` of the small CNN with one target on a backend that exports at the signature's
+    opt shape (batch 1): it succeeds, validated and stored, says so, and is timed only at batch 1
+    (left out of batch 2's rounds). The target's status, for the caller's own checks."""
+    doc = small_cnn_doc(targets=[{"name": f"cpu-{backend}", "backend": backend, "precision": precision}])
+    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
+    res = kompile_run(write_manifest(doc))
+    target: dict[str, Any] = res.status["targets"][0]
+    assert target["phase"] == "Succeeded", target
+    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
+    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
+    assert [s["batchSize"] for s in target["latency"]] == [1]
+    assert target["speedup"] > 0
+    return target
+
+
+def cnn_feeds(count: int) -> list[Feeds]:
+    """`count` seeded random images at the small CNN's batch-1 shape (1, 3, 32, 32)."""
+    rng = np.random.default_rng(0)
+    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(count)]

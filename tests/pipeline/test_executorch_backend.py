@@ -16,15 +16,14 @@ torch = pytest.importorskip("torch")
 from kompile.api.spec import Precision, Target  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, Feeds  # noqa: E402
 from kompile.compile_jobs.build import skip_reason  # noqa: E402
-from tests.pipeline.conftest import IMAGE, build_and_compare, small_cnn_doc  # noqa: E402
+from tests.pipeline.conftest import IMAGE, build_and_compare, cnn_feeds, run_static_target  # noqa: E402
 
 # tests.pipeline.conftest puts examples/ on sys.path: `models.*` imports as in manifests.
 
 
 @pytest.fixture(scope="module")
 def feeds() -> list[Feeds]:
-    rng = np.random.default_rng(0)
-    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(8)]
+    return cnn_feeds(8)
 
 
 def _build(
@@ -91,17 +90,8 @@ def test_onnx_sources_and_other_precisions_are_refused() -> None:
 
 
 def test_kompile_run_validates_and_times_an_executorch_target(kompile_run: Any, write_manifest: Any) -> None:
-    doc = small_cnn_doc(targets=[{"name": "edge", "backend": "executorch", "precision": "int8"}])
-    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
-    res = kompile_run(write_manifest(doc))
-    target = res.status["targets"][0]
-    assert target["phase"] == "Succeeded", target
-    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
-    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
-    # Exported at batch 1 (the signature's opt): timed there, left out of batch 2's rounds.
-    assert [s["batchSize"] for s in target["latency"]] == [1]
+    target = run_static_target(kompile_run, write_manifest, "executorch", "int8")
     assert [s["batchSize"] for s in target["eagerLatency"]] == [1, 2]
-    assert target["speedup"] > 0
 
 
 def test_a_transformer_int8_quantizes_only_float_tensors(tmp_path: Path) -> None:

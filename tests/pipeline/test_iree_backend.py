@@ -18,7 +18,7 @@ from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.build import compile_request
 from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
 from kompile.compile_jobs.validate import resolve_thresholds
-from tests.pipeline.conftest import IMAGE, small_cnn_doc, torchscript_onnx
+from tests.pipeline.conftest import IMAGE, cnn_feeds, run_static_target, torchscript_onnx
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,8 +33,7 @@ def _iree_environment() -> None:
 
 @pytest.fixture(scope="module")
 def feeds() -> list[Feeds]:
-    rng = np.random.default_rng(0)
-    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
+    return cnn_feeds(4)
 
 
 def _build(
@@ -126,15 +125,7 @@ def test_an_op_iree_cannot_lower_is_named(tmp_path: Path) -> None:
 
 
 def test_kompile_run_validates_and_times_an_iree_target(kompile_run: Any, write_manifest: Any) -> None:
-    doc = small_cnn_doc(targets=[{"name": "cpu-iree", "backend": "iree", "precision": "fp32"}])
-    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
-    res = kompile_run(write_manifest(doc))
-    target = res.status["targets"][0]
-    assert target["phase"] == "Succeeded", target
-    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
-    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
-    assert [s["batchSize"] for s in target["latency"]] == [1]  # compiled at batch 1 only
-    assert target["speedup"] > 0
+    run_static_target(kompile_run, write_manifest, "iree", "fp32")
 
 
 def test_flags_come_from_the_class_isa_and_refuse_file_flags() -> None:

@@ -14,7 +14,13 @@ import torch
 from kompile.api.spec import InputSpec, Precision, Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
-from tests.pipeline.conftest import IMAGE, build_and_compare, require_environment, small_cnn_doc
+from tests.pipeline.conftest import (
+    IMAGE,
+    build_and_compare,
+    cnn_feeds,
+    require_environment,
+    run_static_target,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,8 +30,7 @@ def _litert_environment() -> None:
 
 @pytest.fixture(scope="module")
 def feeds() -> list[Feeds]:
-    rng = np.random.default_rng(0)
-    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(8)]
+    return cnn_feeds(8)
 
 
 def _build(
@@ -82,15 +87,7 @@ def test_int8_dynamic_needs_no_calibration(feeds: list[Feeds], tmp_path: Path) -
 
 
 def test_kompile_run_validates_and_times_a_litert_target(kompile_run: Any, write_manifest: Any) -> None:
-    doc = small_cnn_doc(targets=[{"name": "edge", "backend": "litert", "precision": "int8"}])
-    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
-    res = kompile_run(write_manifest(doc))
-    target = res.status["targets"][0]
-    assert target["phase"] == "Succeeded", target
-    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
-    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
-    assert [s["batchSize"] for s in target["latency"]] == [1]  # converted at batch 1 only
-    assert target["speedup"] > 0
+    run_static_target(kompile_run, write_manifest, "litert", "int8")
 
 
 class _TokenClassifier(torch.nn.Module):

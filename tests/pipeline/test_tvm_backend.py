@@ -18,7 +18,7 @@ from kompile.api.spec import Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
-from tests.pipeline.conftest import IMAGE, build_and_compare, require_environment, torchscript_onnx
+from tests.pipeline.conftest import IMAGE, build_and_compare, cnn_feeds, require_environment, torchscript_onnx
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,8 +52,7 @@ def _cnn(classes: int) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def feeds() -> list[Feeds]:
-    rng = np.random.default_rng(0)
-    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(2)]
+    return cnn_feeds(2)
 
 
 @pytest.fixture(scope="module")

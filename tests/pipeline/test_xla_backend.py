@@ -14,7 +14,13 @@ import torch
 from kompile.api.spec import Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
-from tests.pipeline.conftest import IMAGE, build_and_compare, require_environment, small_cnn_doc
+from tests.pipeline.conftest import (
+    IMAGE,
+    build_and_compare,
+    cnn_feeds,
+    require_environment,
+    run_static_target,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,8 +30,7 @@ def _xla_environment() -> None:
 
 @pytest.fixture(scope="module")
 def feeds() -> list[Feeds]:
-    rng = np.random.default_rng(0)
-    return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
+    return cnn_feeds(4)
 
 
 def test_fp32_module_matches_eager_and_is_timed_in_its_environment(
@@ -74,12 +79,4 @@ def test_an_op_torchax_cannot_lower_is_named_with_its_source_line(feeds: list[Fe
 
 
 def test_kompile_run_validates_and_times_an_xla_target(kompile_run: Any, write_manifest: Any) -> None:
-    doc = small_cnn_doc(targets=[{"name": "cpu-xla", "backend": "xla", "precision": "fp32"}])
-    doc["spec"]["benchmark"]["batchSizes"] = [1, 2]
-    res = kompile_run(write_manifest(doc))
-    target = res.status["targets"][0]
-    assert target["phase"] == "Succeeded", target
-    assert target["validation"]["passed"] and target["artifact"]["uri"].startswith("file://")
-    assert target["message"].startswith("exported at static shapes input=[1, 3, 32, 32]")
-    assert [s["batchSize"] for s in target["latency"]] == [1]  # exported at batch 1 only
-    assert target["speedup"] > 0
+    run_static_target(kompile_run, write_manifest, "xla", "fp32")
