@@ -92,26 +92,36 @@ def save_program(request: CompileRequest, args: tuple[torch.Tensor, ...], path: 
 def compile_in_environment(
     environment: str,
     scratch: Path,
-    args: tuple[torch.Tensor, ...],
+    args: tuple[torch.Tensor, ...] | None,
     out: Path,
     precision: str,
     quantization: str = "",
     calibration: list[str] | None = None,
+    *,
+    program: Path | None = None,
+    options: dict[str, str] | None = None,
+    state: Path | None = None,
 ) -> dict[str, str]:
-    """The environment's compile step on the program `save_program` wrote in `scratch`: what it
-    records."""
+    """The environment's compile step on `program` (default: what `save_program` wrote in
+    `scratch`; a backend that consumes ONNX names the export), with the export example `args`
+    (None: none), the backend's `options` and its `state` folder: what the step records."""
+    request: dict[str, Any] = {
+        "op": "compile",
+        "program": str((program or scratch / "program.pt2").resolve()),
+        "example": save_arrays(scratch / "example.npz", [a.numpy() for a in args])
+        if args is not None
+        else "",
+        "calibration": calibration or [],
+        "precision": precision,
+        "quantization": quantization,
+        "out": str(out.resolve()),
+    }
+    if options is not None:
+        request["options"] = options
+    if state is not None:
+        request["state"] = str(state)
     with EnvProcess(environment, scratch) as env:
-        reply = env.call(
-            {
-                "op": "compile",
-                "program": str(scratch / "program.pt2"),
-                "example": save_arrays(scratch / "example.npz", [a.numpy() for a in args]),
-                "calibration": calibration or [],
-                "precision": precision,
-                "quantization": quantization,
-                "out": str(out.resolve()),
-            }
-        )
+        reply = env.call(request)
     record: dict[str, str] = reply["record"]
     return record
 

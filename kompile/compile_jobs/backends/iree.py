@@ -40,9 +40,8 @@ from kompile.compile_jobs.backends.base import (
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
-from kompile.compile_jobs.env_backend import EnvRunner
-from kompile.compile_jobs.environments import EnvProcess
-from kompile.compile_jobs.hardware import cpu_description, local_cpu_class
+from kompile.compile_jobs.env_backend import EnvRunner, built_in_environment, compile_in_environment
+from kompile.compile_jobs.hardware import local_cpu_class
 
 Array = np.ndarray[Any, Any]
 ENVIRONMENT = "iree"
@@ -150,21 +149,16 @@ class IreeBackend(Backend):
             record["exportedStatic"] = ";".join(f"{n}={shape}" for n, shape in shapes.items())
         out = request.out_dir / "model.vmfb"
         request.out_dir.mkdir(parents=True, exist_ok=True)
-        with EnvProcess(ENVIRONMENT, request.out_dir) as env:
-            reply = env.call(
-                {
-                    "op": "compile",
-                    "program": str(request.onnx().resolve()),
-                    "example": "",
-                    "calibration": [],
-                    "precision": request.target.precision,
-                    "quantization": "",
-                    "out": str(out.resolve()),
-                    "options": {**opts.record(), **record},
-                }
-            )
-        toolchain = {**self.installed_versions(), "cpu": cpu_description()}
-        return CompiledArtifact(self.name, out, options=record | reply["record"], toolchain=toolchain)
+        reply = compile_in_environment(
+            ENVIRONMENT,
+            request.out_dir,
+            None,
+            out,
+            request.target.precision,
+            program=request.onnx(),
+            options={**opts.record(), **record},
+        )
+        return built_in_environment(self, out, record | reply)
 
     def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> IreeRunner:
         """A runner with `threads` workers, else the compile's recorded count."""

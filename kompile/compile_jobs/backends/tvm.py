@@ -41,8 +41,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.backends.executorch import static_example
 from kompile.compile_jobs.benchmark import available_cores
-from kompile.compile_jobs.env_backend import EnvRunner, save_arrays
-from kompile.compile_jobs.environments import EnvProcess
+from kompile.compile_jobs.env_backend import EnvRunner, compile_in_environment
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string
 from kompile.compile_jobs.hardware import _cpuinfo, cpu_description, local_arch, local_cpu_class
 from kompile.compile_jobs.tvm_database import shared_database
@@ -107,22 +106,18 @@ class TvmBackend(Backend):
         with tempfile.TemporaryDirectory(prefix="tvm-", dir=request.out_dir) as tmp:
             scratch = Path(tmp)
             state = database.checkout(scratch / "database")
-            with EnvProcess(ENVIRONMENT, scratch) as env:
-                reply = env.call(
-                    {
-                        "op": "compile",
-                        "program": str(request.onnx().resolve()),
-                        "example": save_arrays(scratch / "example.npz", [a.numpy() for a in args]),
-                        "calibration": [],
-                        "precision": request.target.precision,
-                        "quantization": "",
-                        "out": str(out.resolve()),
-                        "options": wire,
-                        "state": str(state),
-                    }
-                )
+            reply = compile_in_environment(
+                ENVIRONMENT,
+                scratch,
+                args,
+                out,
+                request.target.precision,
+                program=request.onnx(),
+                options=wire,
+                state=state,
+            )
             added = database.checkin(state)
-        record.update(reply["record"])
+        record.update(reply)
         record.update(
             tuningDatabase=database.rel, tuningRecordsShared=str(added), tuningRecordsPulled=str(pulled)
         )
