@@ -91,7 +91,11 @@ def test_int8_remedies_build_and_validate(cnn: tuple[Path, list[Feeds]], tmp_pat
     the gate's own cosine), and int8 weights with float compute (no FakeQuantize at all)."""
     plain, _ = _build(cnn, tmp_path / "plain", "int8")
     names = [r.name for r in get_backend("openvino").remedies(plain)]
-    assert names == ["keep-sensitive", "weights-only", "accuracy-control"]
+    assert names == ["keep-sensitive", "weights-only", "weights-only-fine", "accuracy-control"]
+    coarse, fine = get_backend("openvino").remedies(plain)[1:3]
+    assert coarse.options == {"activationGroupSize": "128"} and fine.options == {
+        "activationGroupSize": "auto"
+    }
     controlled, verdict = _build(cnn, tmp_path / "control", "int8", accuracyControl="true")
     assert verdict.passed, verdict.failures
     assert controlled.options["accuracyControl"] == "true"
@@ -105,6 +109,23 @@ def test_int8_remedies_build_and_validate(cnn: tuple[Path, list[Feeds]], tmp_pat
     )
     # A weights-only build is not followed by full-int8 remedies.
     assert get_backend("openvino").remedies(weights) == []
+
+
+def test_activation_group_size_travels_with_int8_weights_only(
+    cnn: tuple[Path, list[Feeds]], tmp_path: Path
+) -> None:
+    """The group the CPU quantizes activations by is a run-time property: recorded, served, and used
+    when the artifact is loaded back; only int8-weights artifacts carry it."""
+    weights, verdict = _build(cnn, tmp_path / "w", "int8", quantization="dynamic", activationGroupSize="128")
+    assert verdict.passed, verdict.failures
+    assert weights.options["runtime.DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "128"
+    assert weights.serving_parameters["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "128"
+    runner = get_backend("openvino").load(weights, threads=2)
+    assert str(runner.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == "128"
+    off, _ = _build(cnn, tmp_path / "off", "int8", quantization="dynamic", activationGroupSize="off")
+    assert off.serving_parameters["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0"
+    static, _ = _build(cnn, tmp_path / "s", "int8", activationGroupSize="128")
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in static.serving_parameters
 
 
 def test_sensitive_matmuls_stay_float_in_a_transformer(tmp_path: Path) -> None:
@@ -141,7 +162,7 @@ def test_transformers_get_nncf_defaults_first_and_transformer_mode_on_request(tm
     # NNCF's defaults first (the fastest int8); transformer mode is the first remedy.
     assert artifact.options["modelType"] == "none" and artifact.options["graph"] == "transformer"
     names = [r.name for r in backend.remedies(artifact)]
-    assert names == ["transformer", "weights-only", "keep-sensitive", "accuracy-control"]
+    assert names == ["transformer", "weights-only", "weights-only-fine", "keep-sensitive", "accuracy-control"]
     # The float layers of an int8 model run at bf16 where the CPU has it (OpenVINO's default there).
     assert artifact.options["runtime.INFERENCE_PRECISION_HINT"] == ("bf16" if has_fast_bf16() else "f32")
     explicit = target.model_copy(update={"options": {"modelType": "transformer"}})

@@ -53,6 +53,13 @@ class OpenVinoOptions(BackendOptions):
         "int8/bf16 artifact (CPUs with AVX-512 BF16 or AMX only); auto: bf16 where the CPU has it "
         "(OpenVINO's own default there), else fp32.",
     )
+    activation_group_size: Literal["auto", "off", "16", "32", "64", "128", "256"] = Field(
+        default="auto",
+        description="int8 weights only (quantization dynamic): OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE, "
+        "how many activation values share one int8 scale when the CPU quantizes activations on the "
+        "fly for its int8 weights; larger groups run faster and lose more accuracy; off: activations "
+        "stay in float; auto: OpenVINO's default for the CPU.",
+    )
 
 
 ENTRY = BackendEntry(
