@@ -51,7 +51,8 @@ def stacks() -> list[BuiltSpec]:
 
 def add_tvm(run: CaseRun) -> None:
     """TVM untuned (no trials, and an empty tuning database: the shared one would lend it the
-    schedules earlier runs tuned) and tuned within the budget on the shared database."""
+    schedules earlier runs tuned) and tuned within the budget on the shared database, with
+    prepacked weights and with the weights as the ONNX export lays them out."""
     with tempfile.TemporaryDirectory(prefix="tvm-empty-db-") as empty:
         saved = os.environ.get(tvm_database.ROOT_ENV)
         os.environ[tvm_database.ROOT_ENV] = empty
@@ -62,7 +63,15 @@ def add_tvm(run: CaseRun) -> None:
                 os.environ.pop(tvm_database.ROOT_ENV)
             else:
                 os.environ[tvm_database.ROOT_ENV] = saved
-    add_built(run, [("tvm-tuned", "tvm", "fp32", None, dict(BUDGET))])
+    # Tuned with prepacked weights (the default) and with the weights in the ONNX layout: each
+    # layout has its own records in the database, so each is tuned (or reused) on its own.
+    add_built(
+        run,
+        [
+            ("tvm-tuned", "tvm", "fp32", None, dict(BUDGET)),
+            ("tvm-tuned-as-is", "tvm", "fp32", None, {**BUDGET, "weightLayout": "as-is"}),
+        ],
+    )
 
 
 def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:

@@ -99,6 +99,9 @@ def test_tuning_writes_the_shared_database_and_a_second_model_reuses_it(
     assert verdict.passed, verdict.failures
     o = first.options
     assert o["pipeline"] == "metaschedule-database+default"
+    # Prepacked weights (the default): tuned kernels read their weights in the layout their schedule
+    # chose, rewritten at build; the .so is still called with the input alone (validated above).
+    assert o["weightLayout"] == "prepacked" and int(o["prepackedKernels"]) > 0
     assert int(o["tuningRecordsAfter"]) > 0 and o["tuningTasksFromDatabase"] == "0"
     folder = shared / o["tuningDatabase"]
     assert len(Database.read(folder).records) == int(o["tuningRecordsShared"]) > 0

@@ -4,6 +4,8 @@ own environment (requirements/env-tvm.txt: apache-tvm 0.27 with its pinned FFI, 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from kompile.api.catalog.base import BackendEntry, BackendOptions, Count
@@ -22,6 +24,12 @@ class TvmOptions(BackendOptions):
         default=30,
         description="Time budget of the tuning in minutes, checked between rounds of a few tasks "
         "(a round takes a few minutes on 2 cores).",
+    )
+    weight_layout: Literal["prepacked", "as-is"] = Field(
+        default="prepacked",
+        description="prepacked: each tuned kernel reads the weights in the blocked layout its schedule "
+        "chose (rewritten once at build); as-is: the ONNX layout. The database's records differ "
+        "between the two: switching re-tunes.",
     )
     intra_op_threads: Count = Field(
         default=0,

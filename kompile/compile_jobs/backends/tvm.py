@@ -10,8 +10,10 @@ Steps, each recorded in the artifact's options:
   target) merged from the store into the local shared folder, a private copy handed to the
   environment as the request's `state`;
 - in the environment (kompile.compile_jobs.envs.tvm): import at the signature's static (opt) shape,
-  tuning of the tasks the database lacks within `tuningTrials` and `tuningMinutes`, the database's
-  schedules applied, build and export of `model.so`; the artifact records how many tasks came from
+  the weights marked layout-free (`weightLayout: prepacked`), tuning of the tasks the database lacks
+  within `tuningTrials` and `tuningMinutes` (trials in proportion to each task's FLOPs), the
+  database's schedules applied and their weight rewrites folded into the constants, build and
+  export of `model.so`; the artifact records how many tasks came from
   the shared database (`tuningDatabaseHitRate`) and the tuning's time;
 - the copy merged back into the shared folder and the store (union with what others pushed);
 - `load` starts the environment's process with the Relax VM on the run's threads: validation runs the

@@ -2,10 +2,12 @@
 onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
 
 - compile: the pipeline's fp32 ONNX export through the Relax ONNX frontend at the exported static
-  shapes, then MetaSchedule (kompile.compile_jobs.envs.tvm_tuning) into the request's `state`
-  folder, the hardware class's shared tuning database, within the target's trial and time budget;
-  the database's best schedules are applied (also when no trial is run: what the fleet tuned before
-  is free) and the module is built for the class's CPU (`target_for`) into a shared library;
+  shapes, its weights marked layout-free unless `weightLayout: as-is`, then MetaSchedule
+  (kompile.compile_jobs.envs.tvm_tuning) into the request's `state` folder, the hardware class's
+  shared tuning database, within the target's trial and time budget; the database's best schedules
+  are applied (also when no trial is run: what the fleet tuned before is free), their weight
+  rewrites folded into the constants, and the module is built for the class's CPU (`target_for`)
+  into a shared library;
 - load/run: the library loaded back with the Relax VM on `threads` threads (TVM_NUM_THREADS, set
   before the runtime's pool starts), each call timed here.
 
@@ -78,11 +80,18 @@ class Steps:
         target = tvm.target.Target(target_json)
         example = _arrays(req["example"])
         mod = relax.get_pipeline("zero")(import_onnx(req["program"], [a.shape for a in example]))
+        prepack = options.get("weightLayout", "prepacked") == "prepacked"
+        if prepack:
+            # The weights are constants: marked layout-free, each tuned kernel may read them in the
+            # blocked layout its schedule wants (MetaSchedule's RewriteLayout); the rewrite of the
+            # constants is folded at build, so the library is called as before.
+            mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
         out = Path(req["out"])
         record: dict[str, str] = {
             "frontend": "relax-onnx",
             "tvmTarget": target_string(target_json),
             "outputCount": str(_output_count(mod)),
+            "weightLayout": "prepacked" if prepack else "as-is",
         }
         state = req.get("state")
         if state:
@@ -100,6 +109,11 @@ class Steps:
             record.update(stats.record())
             with target, database:
                 mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+            if prepack:
+                mod = _fold_weight_rewrites(mod)
+                record["prepackedKernels"] = str(
+                    sum(1 for gv in mod.functions if gv.name_hint.endswith("_prepacked"))
+                )
             applied = stats.reused + stats.tuned if stats.records_after else 0
             record["pipeline"] = "metaschedule-database+default" if applied else "default"
         else:
@@ -152,6 +166,17 @@ class Steps:
         if req["out"]:
             np.savez(req["out"], **{str(i): a for i, a in enumerate(outs)})
         return {"ns": ns}
+
+
+def _fold_weight_rewrites(mod: Any) -> Any:
+    """The tuned kernels' weight rewrites split out (`*_weight_prepack`), run once on the constant
+    weights here, and dropped: the library holds the rewritten weights, and `main` takes the inputs
+    alone, as without prepacking."""
+    from tvm import relax
+
+    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    return relax.transform.DeadCodeElimination(["main"])(mod)
 
 
 def _output_count(mod: Any) -> int:

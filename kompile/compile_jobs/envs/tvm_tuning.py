@@ -18,7 +18,6 @@ operator shape once. Imports only the standard library and this environment's pa
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -111,10 +110,11 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
         return stats
     os.environ["TVM_NUM_THREADS"] = str(budget.cores)  # the runner's workers inherit it
     load_cpu_intrinsics(str(target.kind.name), str(target.attrs.get("mtriple", "")))
-    # Batches of up to 32 (the evolutionary search costs about the same per batch whatever its
-    # size), smaller where the budget is small, so that every task gets some.
-    batch = min(budget.per_batch, max(4, budget.trials // len(todo)))
-    per_task = max(batch, math.ceil(budget.trials / len(todo)))
+    # Heaviest first, and trials in proportion to each task's share of the model's FLOPs (a
+    # ResNet-50's pools and adds need a handful; its convolutions hundreds), at least one small
+    # batch each, so that every task has a schedule before the heavy ones get their second batch.
+    todo.sort(key=task_flops, reverse=True)
+    allotted = allot_trials([task_flops(t) for t in todo], budget.trials, MIN_TRIALS)
     spent = [0] * len(todo)
     builder = ms.builder.LocalBuilder(
         max_workers=budget.cores, timeout_sec=builder_timeout(budget.cores), f_build=build
@@ -124,52 +124,81 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     )
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
     deadline = start + budget.minutes * 60
-    nxt = 0
     while stats.trials < budget.trials:
-        if time.monotonic() >= deadline:
-            stats.stopped_by_time = True
-            break
-        # A round: the next few unfinished tasks, one batch each (a few minutes on 2 cores).
-        pending = [i for i in range(len(todo)) if spent[i] < per_task]
+        pending = [i for i in range(len(todo)) if spent[i] < allotted[i]]
         if not pending:
             break
-        chosen = [i for i in pending if i >= nxt][:ROUND_TASKS]
-        chosen += pending[: ROUND_TASKS - len(chosen)] if len(chosen) < ROUND_TASKS else []
-        chosen = sorted(set(chosen))
-        nxt = chosen[-1] + 1
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-            [todo[i] for i in chosen],
-            str(logs),
-            # The evolutionary search's population sized to the batch (its default 512 costs ~15 s
-            # a batch on 2 loaded cores, whatever the batch).
-            strategy=ms.search_strategy.EvolutionarySearch(population_size=min(512, max(64, 16 * batch))),
-            num_threads=budget.cores,
-        )
-        ms.tune_tasks(
-            tasks=contexts,
-            task_weights=weights,
-            work_dir=str(logs),
-            max_trials_global=min(batch * len(chosen), budget.trials - stats.trials),
-            max_trials_per_task=batch,
-            num_trials_per_iter=batch,
-            builder=builder,
-            runner=runner,
-            database=database,
-            cost_model=cost_model,
-            task_scheduler="round-robin",
-        )
-        for i in chosen:
-            spent[i] += batch
-        stats.trials = len(database) - stats.records_before
         stats.rounds += 1
+        # A round: every unfinished task, one batch each, heaviest first; the time budget is
+        # checked before each task's batch (a batch takes seconds to a minute on 2 cores).
+        for i in pending:
+            if time.monotonic() >= deadline:
+                stats.stopped_by_time = True
+                break
+            batch = min(budget.per_batch, allotted[i] - spent[i], budget.trials - stats.trials)
+            if batch <= 0:
+                break
+            _tune_one(todo[i], batch, logs, builder, runner, database, cost_model, budget.cores)
+            spent[i] += batch
+            stats.trials = len(database) - stats.records_before
+        if stats.stopped_by_time:
+            break
     stats.tuned = sum(1 for t in todo if _has_record(database, t))
     stats.records_after, stats.seconds = len(database), time.monotonic() - start
     return stats
 
 
-ROUND_TASKS = 4
-"""Tasks per round: MetaSchedule has no time budget (and terminating tasks from a measure callback
-races the scheduler's own termination), so the budget is checked between short rounds."""
+MIN_TRIALS = 8
+"""Trials of the lightest tasks (elementwise ops, pools): enough for a vectorized schedule."""
+
+
+def task_flops(task: Any) -> float:
+    """The task's floating-point work in the model: one call's FLOPs times its calls."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(task.dispatched[0])) * max(1, int(task.weight))
+    except Exception:  # noqa: BLE001 - an op TVM cannot count still gets its minimum
+        return 0.0
+
+
+def allot_trials(flops: list[float], trials: int, least: int) -> list[int]:
+    """Each task's trials: `least` each, the rest of the budget in proportion to its FLOPs."""
+    floor = [min(least, trials) for _ in flops]
+    rest = max(0, trials - sum(floor))
+    total = sum(flops) or 1.0
+    return [f + int(rest * w / total) for f, w in zip(floor, flops, strict=True)]
+
+
+def _tune_one(
+    task: Any, batch: int, logs: Path, builder: Any, runner: Any, database: Any, cost_model: Any, cores: int
+) -> None:
+    """One batch of one task. MetaSchedule has no time budget, and terminating tasks from a measure
+    callback races the scheduler's own termination, so the budget is kept between batches; the
+    cost model is shared across them, and the search restarts from the database's best."""
+    from tvm.s_tir import meta_schedule as ms
+
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        [task],
+        str(logs),
+        # The evolutionary search's population sized to the batch (its default 512 costs ~15 s a
+        # batch on 2 loaded cores, whatever the batch).
+        strategy=ms.search_strategy.EvolutionarySearch(population_size=min(512, max(64, 16 * batch))),
+        num_threads=cores,
+    )
+    ms.tune_tasks(
+        tasks=contexts,
+        task_weights=weights,
+        work_dir=str(logs),
+        max_trials_global=batch,
+        max_trials_per_task=batch,
+        num_trials_per_iter=batch,
+        builder=builder,
+        runner=runner,
+        database=database,
+        cost_model=cost_model,
+        task_scheduler="round-robin",
+    )
 
 
 def load_cpu_intrinsics(kind: str, mtriple: str) -> None:

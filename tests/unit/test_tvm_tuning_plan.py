@@ -1,0 +1,28 @@
+"""How the tvm environment spreads a MetaSchedule trial budget over a model's tasks (pure: the
+allotment runs without TVM; the tuning itself is tested in tests/pipeline/test_tvm_backend.py)."""
+
+from __future__ import annotations
+
+from kompile.compile_jobs.envs.tvm_target import mcpu_for
+from kompile.compile_jobs.envs.tvm_tuning import allot_trials
+
+
+def test_trials_follow_the_flops_with_a_floor_for_light_tasks() -> None:
+    # A ResNet-like spread: two heavy convolutions, one light one, two elementwise tasks.
+    flops = [4e9, 2e9, 1e8, 1e6, 0.0]
+    allotted = allot_trials(flops, 1000, 8)
+    assert allotted[0] > allotted[1] > allotted[2] > allotted[3] >= 8
+    assert allotted[4] == 8  # an op TVM cannot count still gets its floor
+    assert sum(allotted) <= 1000
+    assert allotted[0] == 8 + int((1000 - 40) * 4e9 / sum(flops))
+
+
+def test_a_budget_below_the_floors_is_not_exceeded_per_task() -> None:
+    assert allot_trials([1.0, 1.0, 1.0], 4, 8) == [4, 4, 4]
+    assert allot_trials([], 100, 8) == []
+
+
+def test_the_llvm_cpu_comes_from_the_class_isa() -> None:
+    assert mcpu_for("amd64", {"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}) == "cooperlake"
+    assert mcpu_for("amd64", {"avx2"}) == "haswell"
+    assert mcpu_for("arm64", {"asimddp"}) == "neoverse-n1"
