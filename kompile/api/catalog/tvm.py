@@ -56,7 +56,7 @@ ENTRY = BackendEntry(
     # need a TVM runtime image kompile does not build; the artifact stays in the store.
     serving=None,
     environment="tvm",
-    # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 still took 1.6-3x ONNX Runtime
-    # fp32's time (70-129 vs 39-45 ms), and a class's first compile pays that tuning
-    # (docs/backends.md, tvm).
+    # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 still took 1.3x ONNX Runtime
+    # fp32's time with prepacked weights (51.8 vs 39.4 ms), and a class's first compile pays that
+    # tuning (docs/backends.md, tvm).
 )
