@@ -22,8 +22,8 @@ class TvmOptions(BackendOptions):
     )
     tuning_minutes: Count = Field(
         default=30,
-        description="Time budget of the tuning in minutes, checked between rounds of a few tasks "
-        "(a round takes a few minutes on 2 cores).",
+        description="Time budget of the tuning in minutes, checked before each task's batch of "
+        "candidates (seconds to a minute on 2 cores).",
     )
     weight_layout: Literal["prepacked", "as-is"] = Field(
         default="prepacked",

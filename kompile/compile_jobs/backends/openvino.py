@@ -300,14 +300,14 @@ class OpenVinoBackend(Backend):
             raise BackendError(f"OpenVINO cannot read the ONNX graph: {str(err).strip()[:400]}") from err
         threads = opts.intra_op_threads or request.threads or available_cores()
         record: dict[str, str] = {"precision": precision, "weights": "fp32"}
-        if precision == "int8" and request.target.quantization == "dynamic":
+        weights_only = precision == "int8" and request.target.quantization == "dynamic"
+        if weights_only:
             model = compress_weights(model, record)
         elif precision == "int8":
             model = quantize(model, request, opts, record)
         request.out_dir.mkdir(parents=True, exist_ok=True)
         xml = request.out_dir / "model.xml"
         ov.save_model(model, str(xml), compress_to_fp16=False)
-        weights_only = record.get("quantization") == "nncf-weights-int8"
         properties = runtime_properties(precision, opts, threads, weights_only)
         record |= {f"runtime.{k}": v for k, v in properties.items()}
         return CompiledArtifact(

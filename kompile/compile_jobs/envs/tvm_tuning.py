@@ -113,8 +113,9 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     # Heaviest first, and trials in proportion to each task's share of the model's FLOPs (a
     # ResNet-50's pools and adds need a handful; its convolutions hundreds), at least one small
     # batch each, so that every task has a schedule before the heavy ones get their second batch.
-    todo.sort(key=task_flops, reverse=True)
-    allotted = allot_trials([task_flops(t) for t in todo], budget.trials, MIN_TRIALS)
+    weighed = sorted(((task_flops(t), t) for t in todo), key=lambda pair: pair[0], reverse=True)
+    todo = [t for _, t in weighed]
+    allotted = allot_trials([f for f, _ in weighed], budget.trials, MIN_TRIALS)
     spent = [0] * len(todo)
     builder = ms.builder.LocalBuilder(
         max_workers=budget.cores, timeout_sec=builder_timeout(budget.cores), f_build=build
