@@ -71,10 +71,11 @@ def test_an_environment_that_cannot_start_says_why(tmp_path: Path, monkeypatch: 
 def test_arrays_travel_as_npz_by_position(project_python_env: Path, tmp_path: Path) -> None:
     """The feeds file a runner writes is what the environment reads: positions, not names."""
     from kompile.compile_jobs.env_backend import save_arrays
-    from kompile.compile_jobs.envs.litert import _arrays, _ordered
+    from kompile.compile_jobs.envs import read_arrays
+    from kompile.compile_jobs.envs.litert import _ordered
 
     a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, np.int64)
-    got = _arrays(save_arrays(tmp_path / "f.npz", [a, b]))
+    got = read_arrays(save_arrays(tmp_path / "f.npz", [a, b]))
     assert [x.tolist() for x in got] == [a.tolist(), b.tolist()]
     assert _ordered(["args_10", "args_2", "args_0"]) == ["args_0", "args_2", "args_10"]
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
+from kompile.compile_jobs.envs import FeedCache, write_arrays
 
 Array = np.ndarray[Any, Any]
 ENTRY_FUNCTION = "main_graph"
@@ -33,11 +34,6 @@ _CCONV = re.compile(r"\((\w*)_(\w*)\)")
 _ILLEGAL = re.compile(r"failed to legalize operation '([\w.]+)'[^\n]*")
 _ONNX_OP = re.compile(r'name = "onnx\.(\w+)"')
 _CRASH = re.compile(r"Error code: -(\d+)")
-
-
-def _arrays(path: str) -> list[Array]:
-    with np.load(path) as data:
-        return [data[str(i)] for i in range(len(data.files))]
 
 
 def _first_line(err: BaseException) -> str:
@@ -113,7 +109,7 @@ class Steps:
         self.function: Any = None
         self.device: Any = None
         self.outputs: list[str] = []
-        self.feeds: dict[str, list[Any]] = {}
+        self.feeds = FeedCache()
 
     def op_compile(self, req: dict[str, Any]) -> dict[str, Any]:
         from iree.compiler import tools
@@ -174,11 +170,7 @@ class Steps:
 
         if self.function is None:
             raise StepFailed("no model loaded")
-        if req["feeds"] not in self.feeds:
-            if len(self.feeds) >= 8:
-                self.feeds.clear()
-            self.feeds[req["feeds"]] = [rt.asdevicearray(self.device, a) for a in _arrays(req["feeds"])]
-        args = self.feeds[req["feeds"]]
+        args = self.feeds.get(req["feeds"], lambda arrays: [rt.asdevicearray(self.device, a) for a in arrays])
         # Timed: the call and its outputs on the host, after the feed is on the device.
         start = time.perf_counter_ns()
         try:
@@ -189,5 +181,5 @@ class Steps:
         outs = [np.asarray(r.to_host()) for r in results]
         ns = time.perf_counter_ns() - start
         if req["out"]:
-            np.savez(req["out"], **{str(i): a for i, a in enumerate(outs)})  # type: ignore[arg-type]
+            write_arrays(req["out"], outs)
         return {"ns": ns}

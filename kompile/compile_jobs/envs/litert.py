@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
+from kompile.compile_jobs.envs import FeedCache, read_arrays, write_arrays
 
 Array = np.ndarray[Any, Any]
 SIGNATURE = "serving_default"
@@ -31,11 +32,6 @@ SIGNATURE = "serving_default"
 def _ordered(names: list[str]) -> list[str]:
     """args_0, args_1, ..., args_10 (not args_10 before args_2)."""
     return sorted(names, key=lambda n: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", n)])
-
-
-def _arrays(path: str) -> list[Array]:
-    with np.load(path) as data:
-        return [data[str(i)] for i in range(len(data.files))]
 
 
 def _quantize(x: Array, detail: dict[str, Any]) -> Array:
@@ -67,7 +63,7 @@ class Steps:
         self.outputs: list[str] = []
         self.in_details: dict[str, Any] = {}
         self.out_details: dict[str, Any] = {}
-        self.feeds: dict[str, list[Array]] = {}
+        self.feeds = FeedCache()
 
     def op_compile(self, req: dict[str, Any]) -> dict[str, Any]:
         import litert_torch
@@ -75,7 +71,7 @@ class Steps:
 
         out = Path(req["out"])
         program = torch.export.load(req["program"])
-        args = tuple(torch.from_numpy(a) for a in _arrays(req["example"]))
+        args = tuple(torch.from_numpy(a) for a in read_arrays(req["example"]))
         float_path = out if req["precision"] == "fp32" else out.with_name(out.stem + "-fp32.tflite")
         try:
             litert_torch.convert(program.module(), args).export(str(float_path))
@@ -100,8 +96,11 @@ class Steps:
             names = _ordered(list(details))
             # In the converted model's own dtypes: LiteRT takes token ids as int32, not torch's int64.
             samples = [
-                {n: np.asarray(a, dtype=details[n]["dtype"]) for n, a in zip(names, _arrays(p), strict=True)}
-                for p in req["calibration"]
+                {
+                    n: np.asarray(a, dtype=details[n]["dtype"])
+                    for n, a in zip(names, read_arrays(f), strict=True)
+                }
+                for f in req["calibration"]
             ]
         try:
             if samples:
@@ -137,29 +136,27 @@ class Steps:
         self.feeds.clear()
         return {"inputs": self.inputs, "outputs": self.outputs}
 
+    def _static_feed(self, arrays: list[Array]) -> list[Array]:
+        details = [self.in_details[n] for n in self.inputs]
+        shapes = [tuple(int(n) for n in d["shape"]) for d in details]
+        if [a.shape for a in arrays] != shapes:
+            raise StepFailed(
+                f"the .tflite was converted at the static shapes {shapes} and runs only those, not "
+                f"{[a.shape for a in arrays]}"
+            )
+        return arrays
+
     def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
         if self.runner is None:
             raise StepFailed("no model loaded")
-        if req["feeds"] not in self.feeds:
-            if len(self.feeds) >= 8:
-                self.feeds.clear()
-            arrays = _arrays(req["feeds"])
-            details = [self.in_details[n] for n in self.inputs]
-            shapes = [tuple(int(n) for n in d["shape"]) for d in details]
-            if [a.shape for a in arrays] != shapes:
-                raise StepFailed(
-                    f"the .tflite was converted at the static shapes {shapes} and runs only those, not "
-                    f"{[a.shape for a in arrays]}"
-                )
-            self.feeds[req["feeds"]] = arrays
         # Timed: the call as a device app makes it, float in and out (integer I/O converted with
         # the model's scales), after the feed file was read.
-        arrays = self.feeds[req["feeds"]]
+        arrays = self.feeds.get(req["feeds"], self._static_feed)
         start = time.perf_counter_ns()
         feed = {n: _quantize(a, self.in_details[n]) for n, a in zip(self.inputs, arrays, strict=True)}
         result = self.runner(**feed)
         outs = [_dequantize(result[n], self.out_details[n]) for n in self.outputs]
         ns = time.perf_counter_ns() - start
         if req["out"]:
-            np.savez(req["out"], **{str(i): a for i, a in enumerate(outs)})  # type: ignore[arg-type]
+            write_arrays(req["out"], outs)
         return {"ns": ns}

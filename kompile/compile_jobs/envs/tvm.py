@@ -24,14 +24,10 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
+from kompile.compile_jobs.envs import FeedCache, read_arrays, write_arrays
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string
 
 Array = np.ndarray[Any, Any]
-
-
-def _arrays(path: str) -> list[Array]:
-    with np.load(path) as data:
-        return [data[str(i)] for i in range(len(data.files))]
 
 
 def _first_line(err: BaseException) -> str:
@@ -65,7 +61,7 @@ class Steps:
         self.device: Any = None
         self.inputs: list[str] = []
         self.outputs: list[str] = []
-        self.feeds: dict[str, list[Any]] = {}
+        self.feeds = FeedCache()
 
     def op_compile(self, req: dict[str, Any]) -> dict[str, Any]:
         import tvm
@@ -78,7 +74,7 @@ class Steps:
         options: dict[str, str] = req.get("options") or {}
         target_json = target_for(options)
         target = tvm.target.Target(target_json)
-        example = _arrays(req["example"])
+        example = read_arrays(req["example"])
         mod = relax.get_pipeline("zero")(import_onnx(req["program"], [a.shape for a in example]))
         prepack = options.get("weightLayout", "prepacked") == "prepacked"
         if prepack:
@@ -151,11 +147,7 @@ class Steps:
 
         if self.vm is None:
             raise StepFailed("no model loaded")
-        if req["feeds"] not in self.feeds:
-            if len(self.feeds) >= 8:
-                self.feeds.clear()
-            self.feeds[req["feeds"]] = [tvm.runtime.tensor(a, self.device) for a in _arrays(req["feeds"])]
-        args = self.feeds[req["feeds"]]
+        args = self.feeds.get(req["feeds"], lambda feed: [tvm.runtime.tensor(a, self.device) for a in feed])
         start = time.perf_counter_ns()
         try:
             result = self.vm["main"](*args)
@@ -164,7 +156,7 @@ class Steps:
         outs = [o.numpy() for o in _flatten(result)]
         ns = time.perf_counter_ns() - start
         if req["out"]:
-            np.savez(req["out"], **{str(i): a for i, a in enumerate(outs)})
+            write_arrays(req["out"], outs)
         return {"ns": ns}
 
 

@@ -28,15 +28,11 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
+from kompile.compile_jobs.envs import FeedCache, read_arrays, write_arrays
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # jaxlib here is CPU-only: skip probing for others
 
 Array = np.ndarray[Any, Any]
-
-
-def _arrays(path: str) -> list[Array]:
-    with np.load(path) as data:
-        return [data[str(i)] for i in range(len(data.files))]
 
 
 def _first_line(err: BaseException) -> str:
@@ -108,7 +104,7 @@ class Steps:
     def __init__(self) -> None:
         self.compiled: Any = None
         self.avals: list[Any] = []
-        self.feeds: dict[str, list[Array]] = {}
+        self.feeds = FeedCache()
 
     def op_compile(self, req: dict[str, Any]) -> dict[str, Any]:
         import jax
@@ -121,7 +117,7 @@ class Steps:
                 f"torch {torch.__version__} in the xla environment cannot read the exported program "
                 f"{Path(req['program']).name}: {_first_line(err)}"
             ) from err
-        example = _arrays(req["example"])
+        example = read_arrays(req["example"])
         try:
             run, _ = _jax_function(program)
             shapes = [jax.ShapeDtypeStruct(a.shape, jax.dtypes.canonicalize_dtype(a.dtype)) for a in example]
@@ -161,29 +157,25 @@ class Steps:
         count = len(exported.out_avals)
         return {"inputs": [str(i) for i in range(len(self.avals))], "outputs": [str(i) for i in range(count)]}
 
+    def _static_feed(self, arrays: list[Array]) -> list[Array]:
+        shapes = [tuple(a.shape) for a in self.avals]
+        if [a.shape for a in arrays] != shapes:
+            raise StepFailed(
+                f"the XLA module was exported at the static shapes {shapes} and runs only those, "
+                f"not {[a.shape for a in arrays]}"
+            )
+        return [np.asarray(a, dtype=v.dtype) for a, v in zip(arrays, self.avals, strict=True)]
+
     def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
         import jax
 
         if self.compiled is None:
             raise StepFailed("no model loaded")
-        if req["feeds"] not in self.feeds:
-            if len(self.feeds) >= 8:
-                self.feeds.clear()
-            arrays = _arrays(req["feeds"])
-            shapes = [tuple(a.shape) for a in self.avals]
-            if [a.shape for a in arrays] != shapes:
-                raise StepFailed(
-                    f"the XLA module was exported at the static shapes {shapes} and runs only those, "
-                    f"not {[a.shape for a in arrays]}"
-                )
-            self.feeds[req["feeds"]] = [
-                np.asarray(a, dtype=v.dtype) for a, v in zip(arrays, self.avals, strict=True)
-            ]
-        arrays = self.feeds[req["feeds"]]
+        arrays = self.feeds.get(req["feeds"], self._static_feed)
         start = time.perf_counter_ns()
         result = jax.block_until_ready(self.compiled(*arrays))
         outs = [np.asarray(o) for o in jax.tree_util.tree_leaves(result)]
         ns = time.perf_counter_ns() - start
         if req["out"]:
-            np.savez(req["out"], **{str(i): a for i, a in enumerate(outs)})  # type: ignore[arg-type]
+            write_arrays(req["out"], outs)
         return {"ns": ns}
