@@ -34,6 +34,9 @@ from kompile.compile_jobs import tvm_database  # noqa: E402
 ORT_FP32 = [a for a in ORT if a[0] == "ort-fp32"]
 BUDGET: dict[str, str] = {}
 """The TVM tuning budget of this run (--tvm-trials, --tvm-minutes), as target options."""
+TVM_LAYOUTS: list[str] = []
+"""The weight layouts TVM is tuned and timed with (--tvm-layouts, default prepacked,as-is): each
+layout's kernels are their own workloads, so each tunes within the whole budget on a new database."""
 TVM_MODELS: set[str] = set()
 """The models TVM builds (--tvm-models): untuned TVM runs a call in seconds, so each left out saves
 minutes of timing rounds."""
@@ -65,13 +68,9 @@ def add_tvm(run: CaseRun) -> None:
                 os.environ[tvm_database.ROOT_ENV] = saved
     # Tuned with prepacked weights (the default) and with the weights in the ONNX layout: each
     # layout has its own records in the database, so each is tuned (or reused) on its own.
-    add_built(
-        run,
-        [
-            ("tvm-tuned", "tvm", "fp32", None, dict(BUDGET)),
-            ("tvm-tuned-as-is", "tvm", "fp32", None, {**BUDGET, "weightLayout": "as-is"}),
-        ],
-    )
+    names = {"prepacked": "tvm-tuned", "as-is": "tvm-tuned-as-is"}
+    tuned = [(names[lay], "tvm", "fp32", None, {**BUDGET, "weightLayout": lay}) for lay in TVM_LAYOUTS]
+    add_built(run, tuned)
 
 
 def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
@@ -88,12 +87,14 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
 
 
 def _budget(argv: list[str]) -> list[str]:
-    """Takes --tvm-trials/--tvm-minutes/--tvm-models off argv (the shared parser does not know them)."""
+    """Takes the --tvm-* options off argv (the shared parser does not know them)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--tvm-trials", default="64")
     p.add_argument("--tvm-minutes", default="5")
     p.add_argument("--tvm-models", default="resnet50")
+    p.add_argument("--tvm-layouts", default="prepacked,as-is", help="weightLayout values, comma-separated")
     known, rest = p.parse_known_args(argv)
+    TVM_LAYOUTS.extend(known.tvm_layouts.split(","))
     BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes)
     TVM_MODELS.update(known.tvm_models.split(","))
     return rest

@@ -4,7 +4,7 @@ allotment runs without TVM; the tuning itself is tested in tests/pipeline/test_t
 from __future__ import annotations
 
 from kompile.compile_jobs.envs.tvm_target import mcpu_for
-from kompile.compile_jobs.envs.tvm_tuning import allot_trials
+from kompile.compile_jobs.envs.tvm_tuning import Budget, allot_trials, search_population
 
 
 def test_trials_follow_the_flops_with_a_floor_for_light_tasks() -> None:
@@ -26,3 +26,12 @@ def test_the_llvm_cpu_comes_from_the_class_isa() -> None:
     assert mcpu_for("amd64", {"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}) == "cooperlake"
     assert mcpu_for("amd64", {"avx2"}) == "haswell"
     assert mcpu_for("arm64", {"asimddp"}) == "neoverse-n1"
+
+
+def test_each_batch_search_is_sized_to_its_batch() -> None:
+    # The search costs seconds per batch whatever its size: batches of 64 by default, and a
+    # population of 4x the batch between 64 and 256 (MetaSchedule's default 512 took most of a batch).
+    assert Budget(trials=100, minutes=1.0, cores=2).per_batch == 64
+    assert search_population(64) == 256
+    assert search_population(8) == 64
+    assert search_population(20) == 80
