@@ -18,7 +18,14 @@ from kompile.api.spec import Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
-from tests.pipeline.conftest import IMAGE, build_and_compare, cnn_feeds, require_environment, torchscript_onnx
+from tests.pipeline.conftest import (
+    IMAGE,
+    bert_tiny_case,
+    build_and_compare,
+    cnn_feeds,
+    require_environment,
+    torchscript_onnx,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -87,6 +94,24 @@ def test_untuned_so_matches_eager_and_is_timed_in_its_environment(feeds: list[Fe
     with pytest.raises(BackendError, match=r"built at the static shapes \[\(1, 3, 32, 32\)\]"):
         runner.run({"input": np.zeros((2, 3, 32, 32), np.float32)})
     runner.close()
+
+
+def test_a_bert_export_imports_after_folding_and_honours_the_mask(tmp_path: Path) -> None:
+    # The TorchScript exporter's BERT attention mask holds a ConstantOfShape of an empty shape and an
+    # Expand to a computed shape with -1, which TVM's Relax ONNX frontend cannot import as they are
+    # ("broadcast_to expects the input shape to have the number of ndim at least..."): the export is
+    # fixed at the static shape and folded by ONNX Runtime's basic rewrites first.
+    model, path, feeds, sig = bert_tiny_case(tmp_path)
+    target = Target(name="cpu-tvm", backend="tvm", precision="fp32", options={"tuningTrials": "0"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ROOT_ENV, str(tmp_path / "db"))
+        artifact, runner, verdict = build_and_compare(
+            target, model, sig, feeds, tmp_path / "out", onnx_path=path
+        )
+    runner.close()
+    assert verdict.passed, verdict.failures  # the padded rows' mask is honoured, as eager does
+    assert artifact.options["graphFolding"] == "onnxruntime-basic"
+    assert artifact.options["exportedStatic"] == "input_ids=[2, 16];attention_mask=[2, 16]"
 
 
 def test_tuning_writes_the_shared_database_and_a_second_model_reuses_it(

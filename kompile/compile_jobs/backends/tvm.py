@@ -9,7 +9,11 @@ Steps, each recorded in the artifact's options:
 - the class's tuning database (kompile.compile_jobs.tvm_database, keyed by class, TVM version and
   target) merged from the store into the local shared folder, a private copy handed to the
   environment as the request's `state`;
-- in the environment (kompile.compile_jobs.envs.tvm): import at the signature's static (opt) shape,
+- the fp32 ONNX export fixed at the signature's static (opt) shape and folded by ONNX Runtime's basic
+  (standard-op) rewrites (`graphFolding`): the exporter's shape arithmetic becomes constants, which
+  TVM's ONNX frontend needs (BERT-base's attention mask otherwise fails to import:
+  `ConstantOfShape` of an empty shape, `Expand` to a shape holding -1);
+- in the environment (kompile.compile_jobs.envs.tvm): import at that static shape,
   the weights marked layout-free (`weightLayout: prepacked`), tuning of the tasks the database lacks
   within `tuningTrials` and `tuningMinutes` (trials in proportion to each task's FLOPs), the
   database's schedules applied and their weight rewrites folded into the constants, build and
@@ -31,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from kompile.api.catalog.tvm import TvmOptions
 from kompile.compile_jobs.backends.base import (
@@ -42,6 +47,7 @@ from kompile.compile_jobs.backends.base import (
     options_of,
 )
 from kompile.compile_jobs.backends.executorch import static_example
+from kompile.compile_jobs.backends.onnxruntime import optimize_and_save
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.env_backend import EnvRunner, compile_in_environment
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string
@@ -73,6 +79,33 @@ class TvmRunner(EnvRunner):
             raise BackendError(
                 f"the .so was built at the static shapes {self.shapes} and runs only those, not {got}"
             )
+
+
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def folded_program(src: Path, shapes: list[tuple[int, ...]], scratch: Path, threads: int) -> Path:
+    """The ONNX export with its inputs fixed at `shapes` and ONNX Runtime's basic graph rewrites
+    applied (constant folding, which folds the shape arithmetic of a static graph, and redundant
+    node elimination; standard ONNX ops only). TVM's Relax frontend imports what the exporter's
+    dynamic-shape patterns would stop: an `Expand` to a computed shape holding -1, a
+    `ConstantOfShape` of an empty shape (both in BERT-base's attention mask)."""
+    model = onnx.load(str(src))
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
+    if len(inputs) != len(shapes):
+        raise BackendError(f"the ONNX export has {len(inputs)} inputs, the signature {len(shapes)}")
+    for inp, shape in zip(inputs, shapes, strict=True):
+        dims = inp.type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise BackendError(f"input {inp.name} has rank {len(dims)} in the export, {len(shape)} here")
+        for dim, size in zip(dims, shape, strict=True):
+            dim.Clear()
+            dim.dim_value = int(size)
+    static, folded = scratch / "static.onnx", scratch / "folded.onnx"
+    onnx.save_model(model, str(static), save_as_external_data=model.ByteSize() > PROTOBUF_LIMIT)
+    optimize_and_save(static, folded, "basic", threads, [])
+    return folded
 
 
 def class_options(cores: int) -> dict[str, str]:
@@ -108,13 +141,15 @@ class TvmBackend(Backend):
         with tempfile.TemporaryDirectory(prefix="tvm-", dir=request.out_dir) as tmp:
             scratch = Path(tmp)
             state = database.checkout(scratch / "database")
+            program = folded_program(request.onnx(), [tuple(a.shape) for a in args], scratch, threads)
+            record["graphFolding"] = "onnxruntime-basic"
             reply = compile_in_environment(
                 ENVIRONMENT,
                 scratch,
                 args,
                 out,
                 request.target.precision,
-                program=request.onnx(),
+                program=program,
                 options=wire,
                 state=state,
             )
