@@ -34,6 +34,8 @@ from kompile.compile_jobs import tvm_database  # noqa: E402
 ORT_FP32 = [a for a in ORT if a[0] == "ort-fp32"]
 BUDGET: dict[str, str] = {}
 """The TVM tuning budget of this run (--tvm-trials, --tvm-minutes), as target options."""
+LAYOUT_NAMES = {"prepacked": "tvm-tuned", "as-is": "tvm-tuned-as-is"}
+"""Each weightLayout the benchmark tunes, and its runtime's name in the report."""
 TVM_LAYOUTS: list[str] = []
 """The weight layouts TVM is tuned and timed with (--tvm-layouts, default prepacked,as-is): each
 layout's kernels are their own workloads, so each tunes within the whole budget on a new database."""
@@ -68,8 +70,7 @@ def add_tvm(run: CaseRun) -> None:
                 os.environ[tvm_database.ROOT_ENV] = saved
     # Tuned with prepacked weights (the default) and with the weights in the ONNX layout: each
     # layout has its own records in the database, so each is tuned (or reused) on its own.
-    names = {"prepacked": "tvm-tuned", "as-is": "tvm-tuned-as-is"}
-    tuned = [(names[lay], "tvm", "fp32", None, {**BUDGET, "weightLayout": lay}) for lay in TVM_LAYOUTS]
+    tuned = [(LAYOUT_NAMES[lay], "tvm", "fp32", None, {**BUDGET, "weightLayout": lay}) for lay in TVM_LAYOUTS]
     add_built(run, tuned)
 
 
@@ -95,6 +96,8 @@ def _budget(argv: list[str]) -> list[str]:
     p.add_argument("--tvm-layouts", default="prepacked,as-is", help="weightLayout values, comma-separated")
     known, rest = p.parse_known_args(argv)
     TVM_LAYOUTS.extend(known.tvm_layouts.split(","))
+    if unknown := set(TVM_LAYOUTS) - set(LAYOUT_NAMES):
+        p.error(f"--tvm-layouts: {', '.join(sorted(unknown))}; choose from {', '.join(LAYOUT_NAMES)}")
     BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes)
     TVM_MODELS.update(known.tvm_models.split(","))
     return rest

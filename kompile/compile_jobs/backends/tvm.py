@@ -50,6 +50,7 @@ from kompile.compile_jobs.backends.executorch import static_example
 from kompile.compile_jobs.backends.onnxruntime import optimize_and_save
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.env_backend import EnvRunner, compile_in_environment
+from kompile.compile_jobs.envs import PROTOBUF_LIMIT, fix_input_dims
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string
 from kompile.compile_jobs.hardware import _cpuinfo, cpu_description, local_arch, local_cpu_class
 from kompile.compile_jobs.tvm_database import shared_database
@@ -81,9 +82,6 @@ class TvmRunner(EnvRunner):
             )
 
 
-PROTOBUF_LIMIT = 2**31 - 1
-
-
 def folded_program(src: Path, shapes: list[tuple[int, ...]], scratch: Path, threads: int) -> Path:
     """The ONNX export with its inputs fixed at `shapes` and ONNX Runtime's basic graph rewrites
     applied (constant folding, which folds the shape arithmetic of a static graph, and redundant
@@ -95,13 +93,10 @@ def folded_program(src: Path, shapes: list[tuple[int, ...]], scratch: Path, thre
     inputs = [i for i in model.graph.input if i.name not in initializers]
     if len(inputs) != len(shapes):
         raise BackendError(f"the ONNX export has {len(inputs)} inputs, the signature {len(shapes)}")
-    for inp, shape in zip(inputs, shapes, strict=True):
-        dims = inp.type.tensor_type.shape.dim
-        if len(dims) != len(shape):
-            raise BackendError(f"input {inp.name} has rank {len(dims)} in the export, {len(shape)} here")
-        for dim, size in zip(dims, shape, strict=True):
-            dim.Clear()
-            dim.dim_value = int(size)
+    try:
+        fix_input_dims(model, {inp.name: shape for inp, shape in zip(inputs, shapes, strict=True)})
+    except ValueError as err:
+        raise BackendError(f"the ONNX export does not take the signature's shapes: {err}") from err
     static, folded = scratch / "static.onnx", scratch / "folded.onnx"
     onnx.save_model(model, str(static), save_as_external_data=model.ByteSize() > PROTOBUF_LIMIT)
     optimize_and_save(static, folded, "basic", threads, [])

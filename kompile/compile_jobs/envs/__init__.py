@@ -1,15 +1,18 @@
 """Steps that run inside a backend's own environment (one module per environment, class Steps), and
-what they share: the protocol's `.npz` arrays (keys are positions) and the feeds kept per file.
-Imports only the standard library and numpy (every environment has it)."""
+what they share: the protocol's `.npz` arrays (keys are positions), the feeds kept per file, and the
+fixing of an ONNX export's dynamic input dimensions. Imports only the standard library and numpy
+(every environment has it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 Array = np.ndarray[Any, Any]
+PROTOBUF_LIMIT = 2**31 - 1
+"""Protobuf's message limit: an ONNX model above it is saved with its weights as external data."""
 
 
 def read_arrays(path: str) -> list[Array]:
@@ -42,3 +45,16 @@ class FeedCache:
 
     def clear(self) -> None:
         self._ready.clear()
+
+
+def fix_input_dims(model: Any, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Each graph input of the ONNX `model` (a ModelProto) named in `shapes` fixed at that shape:
+    the export's dynamic axes made static. ValueError naming an input whose rank differs."""
+    for inp in model.graph.input:
+        if inp.name in shapes:
+            dims, shape = inp.type.tensor_type.shape.dim, shapes[inp.name]
+            if len(dims) != len(shape):
+                raise ValueError(f"input {inp.name} has rank {len(dims)}, not {len(shape)}")
+            for dim, size in zip(dims, shape, strict=True):
+                dim.Clear()
+                dim.dim_value = int(size)

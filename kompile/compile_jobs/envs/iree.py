@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
-from kompile.compile_jobs.envs import FeedCache, write_arrays
+from kompile.compile_jobs.envs import PROTOBUF_LIMIT, FeedCache, fix_input_dims, write_arrays
 
 Array = np.ndarray[Any, Any]
 ENTRY_FUNCTION = "main_graph"
-PROTOBUF_LIMIT = 2**31 - 1
 # An MLIR diagnostic's location and severity ("loc: error: ..."), the part a user can act on.
 _ERROR = re.compile(r"error: (.*)")
 _CCONV = re.compile(r"\((\w*)_(\w*)\)")
@@ -64,14 +63,10 @@ def static_model(path: Path, shapes: dict[str, list[int]], scratch: Path) -> Any
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    for inp in model.graph.input:
-        if inp.name in shapes:
-            dims = inp.type.tensor_type.shape.dim
-            if len(dims) != len(shapes[inp.name]):
-                raise StepFailed(f"input {inp.name} has rank {len(dims)}, not {len(shapes[inp.name])}")
-            for dim, size in zip(dims, shapes[inp.name], strict=True):
-                dim.Clear()
-                dim.dim_value = int(size)
+    try:
+        fix_input_dims(model, shapes)
+    except ValueError as err:
+        raise StepFailed(str(err)) from err
     del model.graph.value_info[:]
     for out in model.graph.output:
         for dim in out.type.tensor_type.shape.dim:
