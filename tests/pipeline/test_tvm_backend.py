@@ -142,6 +142,51 @@ def test_tuning_writes_the_shared_database_and_a_second_model_reuses_it(
     assert s["pipeline"] == "metaschedule-database+default"
 
 
+class Blocks(torch.nn.Module):
+    """A 3-channel stem and a residual block whose plain convolutions have channels a multiple of 16
+    (all blocked on every ISA: 16, 8 or 4 lanes), beside a depthwise convolution (stays NCHW)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.point = torch.nn.Conv2d(16, 32, 1)
+        self.depthwise = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.stem(x))
+        y = torch.relu(self.point(torch.relu(self.conv(y)) + y))
+        y = torch.relu(self.depthwise(y))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def test_plain_convolutions_run_blocked_and_tuned_where_the_isa_allows(
+    feeds: list[Feeds], tmp_path: Path
+) -> None:
+    torch.manual_seed(3)
+    model = Blocks().eval()
+    blocked, runner, verdict = _build(
+        model, feeds, tmp_path / "blocked", tmp_path / "db", tuningTrials="16", tuningMinutes="5"
+    )
+    runner.close()
+    assert verdict.passed, verdict.failures
+    assert min(o.cosine for o in verdict.outputs) > 0.99999
+    o = blocked.options
+    # The stem (its 3 channels one block), the conv and the 1x1 point conv (and the residual add
+    # between them) in NCHW{lanes}c; the depthwise conv stays NCHW. Tuned kernels, weights prepacked.
+    assert o["blockedConvolutions"] == "3"
+    assert o["activationLayout"] in ("NCHW16c", "NCHW8c", "NCHW4c")
+    assert o["pipeline"] == "metaschedule-database+default" and int(o["prepackedKernels"]) > 0
+
+    plain, runner, verdict = _build(
+        model, feeds, tmp_path / "nchw", tmp_path / "db", tuningTrials="0", activationLayout="nchw"
+    )
+    runner.close()
+    assert verdict.passed, verdict.failures
+    assert plain.options["blockedConvolutions"] == "0" and plain.options["activationLayout"] == "NCHW"
+
+
 def _db(workloads: list[str], records: list[tuple[int, str]]) -> Database:
     return Database(
         [json.dumps([str(i), w]) for i, w in enumerate(workloads)],

@@ -3,8 +3,8 @@ allotment runs without TVM; the tuning itself is tested in tests/pipeline/test_t
 
 from __future__ import annotations
 
-from kompile.compile_jobs.envs.tvm_target import mcpu_for
-from kompile.compile_jobs.envs.tvm_tuning import Budget, allot_trials, search_population
+from kompile.compile_jobs.envs.tvm_target import mcpu_for, vector_lanes
+from kompile.compile_jobs.envs.tvm_tuning import Budget, allot_trials, reallot, search_population
 
 
 def test_trials_follow_the_flops_with_a_floor_for_light_tasks() -> None:
@@ -22,10 +22,31 @@ def test_a_budget_below_the_floors_is_not_exceeded_per_task() -> None:
     assert allot_trials([], 100, 8) == []
 
 
+def test_later_rounds_follow_each_task_time_in_the_model() -> None:
+    # After the first round: a convolution at 3 ms a model call, a pool whose first 8 candidates
+    # were poor (0.7 ms, though its FLOPs are few), an add at 0.01 ms.
+    allotted = reallot([64, 8, 8], [3.0e-3, 0.7e-3, 0.01e-3], 1000, 8)
+    assert allotted[0] == 64 + int(1000 * 3.0 / 3.71)
+    assert allotted[1] == 8 + int(1000 * 0.7 / 3.71)  # the pool gets its next batches
+    assert allotted[2] == 8  # a share under a useful batch (2 trials) is dropped
+    assert reallot([8, 8], [3.0e-3, 0.0], 0, 8) == [8, 8]
+
+
+def test_a_task_without_a_valid_record_counts_as_the_slowest() -> None:
+    assert reallot([8, 8], [0.0, 1e-3], 100, 8) == [58, 58]
+
+
 def test_the_llvm_cpu_comes_from_the_class_isa() -> None:
     assert mcpu_for("amd64", {"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}) == "cooperlake"
     assert mcpu_for("amd64", {"avx2"}) == "haswell"
     assert mcpu_for("arm64", {"asimddp"}) == "neoverse-n1"
+
+
+def test_the_blocked_layout_is_one_vector_register_of_fp32_wide() -> None:
+    assert vector_lanes({"cpuFeatures": "avx2,avx512f,avx512_vnni"}) == 16
+    assert vector_lanes({"cpuFeatures": "avx2"}) == 8
+    assert vector_lanes({"cpuFeatures": ""}) == 4
+    assert vector_lanes({"arch": "arm64", "cpuFeatures": "asimddp"}) == 4
 
 
 def test_each_batch_search_is_sized_to_its_batch() -> None:

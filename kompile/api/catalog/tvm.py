@@ -31,6 +31,14 @@ class TvmOptions(BackendOptions):
         "chose (rewritten once at build); as-is: the ONNX layout. The database's records differ "
         "between the two: switching re-tunes.",
     )
+    activation_layout: Literal["blocked", "nchw"] = Field(
+        default="blocked",
+        description="blocked: 2-D convolutions (groups 1, channels a multiple of the ISA's fp32 lanes: "
+        "16 with AVX-512, 8 with AVX2, 4 on Arm; or a stem's few input channels) and the ops between "
+        "them run in NCHW{lanes}c, the channel block innermost (ResNet-50's tuned 1x1 convolutions "
+        "1.1-1.5x faster than in NCHW); "
+        "nchw: the ONNX layout. The database's records differ between the two: switching re-tunes.",
+    )
     intra_op_threads: Count = Field(
         default=0,
         description="Threads of the TVM runtime at validation and timing, and the target's num-cores "
@@ -56,7 +64,7 @@ ENTRY = BackendEntry(
     # need a TVM runtime image kompile does not build; the artifact stays in the store.
     serving=None,
     environment="tvm",
-    # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 still took 1.3x ONNX Runtime
-    # fp32's time with prepacked weights (51.8 vs 39.4 ms), and a class's first compile pays that
-    # tuning (docs/backends.md, tvm).
+    # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 (blocked, prepacked) took
+    # 1.02x ONNX Runtime fp32's time (40.4 vs 39.5 ms): level at best, and a class's first compile
+    # pays that tuning (docs/backends.md, tvm).
 )

@@ -13,9 +13,11 @@ Steps, each recorded in the artifact's options:
   (standard-op) rewrites (`graphFolding`): the exporter's shape arithmetic becomes constants, which
   TVM's ONNX frontend needs (BERT-base's attention mask otherwise fails to import:
   `ConstantOfShape` of an empty shape, `Expand` to a shape holding -1);
-- in the environment (kompile.compile_jobs.envs.tvm): import at that static shape,
-  the weights marked layout-free (`weightLayout: prepacked`), tuning of the tasks the database lacks
-  within `tuningTrials` and `tuningMinutes` (trials in proportion to each task's FLOPs), the
+- in the environment (kompile.compile_jobs.envs.tvm): import at that static shape, the plain 2-D
+  convolutions and the ops between them in NCHW{lanes}c, the ISA's fp32 vector width
+  (`activationLayout: blocked`), the weights marked layout-free (`weightLayout: prepacked`), tuning
+  of the tasks the database lacks within `tuningTrials` and `tuningMinutes` (a first round by each
+  task's FLOPs, the rest by its measured time in the model), the
   database's schedules applied and their weight rewrites folded into the constants, build and
   export of `model.so`; the artifact records how many tasks came from
   the shared database (`tuningDatabaseHitRate`) and the tuning's time;

@@ -2,7 +2,8 @@
 onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
 
 - compile: the pipeline's fp32 ONNX export through the Relax ONNX frontend at the exported static
-  shapes, its weights marked layout-free unless `weightLayout: as-is`, then MetaSchedule
+  shapes, its plain convolutions blocked (NCHW{lanes}c) unless `activationLayout: nchw`, its
+  weights marked layout-free unless `weightLayout: as-is`, then MetaSchedule
   (kompile.compile_jobs.envs.tvm_tuning) into the request's `state` folder, the hardware class's
   shared tuning database, within the target's trial and time budget; the database's best schedules
   are applied (also when no trial is run: what the fleet tuned before is free), their weight
@@ -25,7 +26,7 @@ import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
 from kompile.compile_jobs.envs import FeedCache, read_arrays, write_arrays
-from kompile.compile_jobs.envs.tvm_target import target_for, target_string
+from kompile.compile_jobs.envs.tvm_target import target_for, target_string, vector_lanes
 
 Array = np.ndarray[Any, Any]
 
@@ -75,7 +76,15 @@ class Steps:
         target_json = target_for(options)
         target = tvm.target.Target(target_json)
         example = read_arrays(req["example"])
-        mod = relax.get_pipeline("zero")(import_onnx(req["program"], [a.shape for a in example]))
+        mod = import_onnx(req["program"], [a.shape for a in example])
+        blocked, unblocked = 0, ""
+        if options.get("activationLayout", "blocked") == "blocked":
+            try:
+                mod, blocked = block_convolutions(mod, vector_lanes(options))
+            except (tvm.error.TVMError, ValueError, TypeError) as err:
+                # The blocked layout is a speed-up: a graph it cannot convert is built as exported.
+                unblocked = _first_line(err)
+        mod = relax.get_pipeline("zero")(mod)
         prepack = options.get("weightLayout", "prepacked") == "prepacked"
         if prepack:
             # The weights are constants: marked layout-free, each tuned kernel may read them in the
@@ -88,7 +97,11 @@ class Steps:
             "tvmTarget": target_string(target_json),
             "outputCount": str(_output_count(mod)),
             "weightLayout": "prepacked" if prepack else "as-is",
+            "activationLayout": f"NCHW{vector_lanes(options)}c" if blocked else "NCHW",
+            "blockedConvolutions": str(blocked),
         }
+        if unblocked:
+            record["activationLayoutKept"] = f"NCHW: the blocked layout failed ({unblocked})"
         state = req.get("state")
         if state:
             budget = tvm_tuning.Budget(
@@ -158,6 +171,65 @@ class Steps:
         if req["out"]:
             write_arrays(req["out"], outs)
         return {"ns": ns}
+
+
+def block_convolutions(mod: Any, lanes: int) -> tuple[Any, int]:
+    """The 2-D convolutions (groups 1, channels a multiple of `lanes`, or fewer input channels than
+    `lanes`: a stem) in NCHW{lanes}c: the channel block is the innermost axis, one vector register
+    wide, whatever the image's width. In NCHW a 1x1 convolution on a 7x7 or 14x14 image vectorizes
+    along a row of 7 or 14 floats; in ResNet-50 the blocked layout made those tuned kernels 1.1-1.5x
+    faster at the same trials, and its 7x7 stem 1.5x (as ONNX Runtime's NCHWc kernels are laid
+    out). The pools, adds and activations between convolutions follow the layout; transforms stay
+    at the edges. Returns the module and how many convolutions were blocked."""
+    from tvm import relax, topi
+
+    block = [f"NCHW{lanes}c", f"OIHW{lanes}o", f"NCHW{lanes}c"]
+    # Named, not left empty: a convolution after a blocked one would otherwise inherit its input's
+    # blocked layout without a kernel layout to match ("Layouts must have the same size").
+    plain = {"relax.nn.conv2d": ["NCHW", "OIHW", "NCHW"]}
+
+    def pick(call: Any) -> dict[str, list[str]]:
+        if call.op.name != "relax.nn.conv2d":
+            return {"relax.nn.conv2d": block}
+        # Grouped and depthwise convolutions stay NCHW: TOPI's NCHWc kernel has no groups.
+        if int(call.attrs.groups) != 1:
+            return plain
+        try:
+            channels, outputs = int(call.args[0].ty.shape[1]), int(call.args[1].ty.shape[0])
+        except (TypeError, ValueError, AttributeError):
+            return plain  # a symbolic channel count
+        if outputs % lanes:
+            return plain
+        if channels < lanes:
+            # A stem's few input channels (an image's 3) as one block: the input is read
+            # channels-innermost and the output comes out blocked, as ONNX Runtime's NCHWc stem does.
+            return {"relax.nn.conv2d": [f"NCHW{channels}c", f"OIHW{lanes}o", f"NCHW{lanes}c"]}
+        return {"relax.nn.conv2d": block}
+
+    blocked = 0
+
+    def legalize(bb: Any, call: Any) -> Any:
+        nonlocal blocked
+        if str(call.attrs.data_layout) == "NCHW":
+            return call  # left to the default legalization
+        blocked += 1
+        return bb.call_te(
+            topi.nn.conv2d_NCHWc_OIHWo,
+            data=call.args[0],
+            kernel=call.args[1],
+            stride=call.attrs.strides,
+            padding=call.attrs.padding,
+            dilation=call.attrs.dilation,
+            layout=call.attrs.data_layout,
+            out_layout=call.attrs.out_layout,
+            primfunc_name_hint="conv2d_NCHWc",
+        )
+
+    mod = relax.transform.ConvertLayout({}, layout_cb=pick)(mod)
+    # The weights' layout transforms run once, here, on the constants.
+    mod = relax.transform.FoldConstant()(relax.transform.Normalize()(mod))
+    mod = relax.transform.LegalizeOps({"relax.nn.conv2d": legalize})(mod)
+    return mod, blocked
 
 
 def _fold_weight_rewrites(mod: Any) -> Any:

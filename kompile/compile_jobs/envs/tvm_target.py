@@ -23,6 +23,15 @@ def mcpu_for(arch: str, features: set[str]) -> str:
     return "x86-64"
 
 
+def vector_lanes(options: dict[str, str]) -> int:
+    """fp32 lanes of the class's widest vector registers: the channel block of the blocked
+    activation layout (NCHW{lanes}c), so that a convolution's innermost loop fills a register."""
+    features = set(filter(None, options.get("cpuFeatures", "").split(",")))
+    if options.get("arch", "amd64") == "arm64":
+        return 4
+    return 16 if "avx512f" in features else 8 if "avx2" in features else 4
+
+
 def target_for(options: dict[str, str]) -> dict[str, Any]:
     """The TVM target (JSON form: TVM 0.27 no longer parses `llvm -mcpu=...` strings)."""
     arch = options.get("arch", "amd64")

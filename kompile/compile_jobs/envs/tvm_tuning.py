@@ -111,9 +111,10 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
         return stats
     os.environ["TVM_NUM_THREADS"] = str(budget.cores)  # the runner's workers inherit it
     load_cpu_intrinsics(str(target.kind.name), str(target.attrs.get("mtriple", "")))
-    # Heaviest first, and trials in proportion to each task's share of the model's FLOPs (a
-    # ResNet-50's pools and adds need a handful; its convolutions hundreds), at least one small
-    # batch each, so that every task has a schedule before the heavy ones get their second batch.
+    # First round: heaviest first, trials in proportion to each task's share of the model's FLOPs
+    # (a ResNet-50's pools and adds need a handful; its convolutions hundreds), at least one small
+    # batch each, so that every task has a schedule before the heavy ones get their second batch;
+    # later rounds by each task's measured time (below).
     weighed = sorted(((task_flops(t), t) for t in todo), key=lambda pair: pair[0], reverse=True)
     todo = [t for _, t in weighed]
     allotted = allot_trials([f for f, _ in weighed], budget.trials, MIN_TRIALS)
@@ -127,10 +128,19 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
     deadline = start + budget.minutes * 60
     while stats.trials < budget.trials:
+        if stats.rounds:
+            # Every task has been measured: the trials left follow each task's time in the model
+            # now, not its FLOPs. A ResNet-50 max pool whose first 8 candidates took 0.68 ms (its
+            # FLOPs gave it no more) gets its next batch and runs in 0.03 ms.
+            times = [task_time(database, t) for t in todo]
+            allotted = reallot(spent, times, budget.trials - stats.trials, MIN_TRIALS)
         pending = [i for i in range(len(todo)) if spent[i] < allotted[i]]
         if not pending:
             break
+        if stats.rounds:
+            pending.sort(key=lambda i: times[i], reverse=True)
         stats.rounds += 1
+        before = stats.trials
         # A round: every unfinished task, one batch each, heaviest first; the time budget is
         # checked before each task's batch (a batch takes seconds to a minute on 2 cores).
         for i in pending:
@@ -143,7 +153,9 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
             _tune_one(todo[i], batch, logs, builder, runner, database, cost_model, budget.cores)
             spent[i] += batch
             stats.trials = len(database) - stats.records_before
-        if stats.stopped_by_time:
+        # A task's small search space can run dry (MetaSchedule then measures fewer candidates
+        # than asked): a round that records nothing new ends the tuning.
+        if stats.stopped_by_time or stats.trials == before:
             break
     stats.tuned = sum(1 for t in todo if _has_record(database, t))
     stats.records_after, stats.seconds = len(database), time.monotonic() - start
@@ -170,6 +182,32 @@ def allot_trials(flops: list[float], trials: int, least: int) -> list[int]:
     rest = max(0, trials - sum(floor))
     total = sum(flops) or 1.0
     return [f + int(rest * w / total) for f, w in zip(floor, flops, strict=True)]
+
+
+def task_time(database: Any, task: Any) -> float:
+    """The task's time in one call of the model: its best measured kernel times its calls (0.0
+    before it has a valid record)."""
+    mod = task.dispatched[0]
+    if not database.has_workload(mod):
+        return 0.0
+    top = database.get_top_k(database.commit_workload(mod), 1)
+    if not top or not top[0].run_secs:
+        return 0.0
+    secs = [float(s) for s in top[0].run_secs]
+    return sum(secs) / len(secs) * max(1, int(task.weight))
+
+
+def reallot(spent: list[int], times: list[float], left: int, least: int) -> list[int]:
+    """Each task's allotment for the trials `left`: what it has spent plus its share of them by its
+    time in the model; a share under `least` (too small for a useful batch) is dropped, and a task
+    with no valid record yet counts as the slowest one."""
+    slowest = max(times, default=0.0)
+    weights = [t if t > 0 else slowest for t in times]
+    total = sum(weights)
+    if total <= 0 or left <= 0:
+        return list(spent)
+    shares = [int(left * w / total) for w in weights]
+    return [s + (share if share >= least else 0) for s, share in zip(spent, shares, strict=True)]
 
 
 def _tune_one(
