@@ -65,6 +65,6 @@ ENTRY = BackendEntry(
     serving=None,
     environment="tvm",
     # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 (blocked, prepacked) took
-    # 1.02x ONNX Runtime fp32's time (40.4 vs 39.5 ms): level at best, and a class's first compile
+    # 1.01x ONNX Runtime fp32's time (40.2 vs 39.8 ms): level at best, and a class's first compile
     # pays that tuning (docs/backends.md, tvm).
 )
