@@ -77,10 +77,10 @@ class Steps:
         target = tvm.target.Target(target_json)
         example = read_arrays(req["example"])
         mod = import_onnx(req["program"], [a.shape for a in example])
-        blocked, unblocked = 0, ""
+        blocked, unblocked, lanes = 0, "", vector_lanes(options)
         if options.get("activationLayout", "blocked") == "blocked":
             try:
-                mod, blocked = block_convolutions(mod, vector_lanes(options))
+                mod, blocked = block_convolutions(mod, lanes)
             except (tvm.error.TVMError, ValueError, TypeError) as err:
                 # The blocked layout is a speed-up: a graph it cannot convert is built as exported.
                 unblocked = _first_line(err)
@@ -97,7 +97,7 @@ class Steps:
             "tvmTarget": target_string(target_json),
             "outputCount": str(_output_count(mod)),
             "weightLayout": "prepacked" if prepack else "as-is",
-            "activationLayout": f"NCHW{vector_lanes(options)}c" if blocked else "NCHW",
+            "activationLayout": f"NCHW{lanes}c" if blocked else "NCHW",
             "blockedConvolutions": str(blocked),
         }
         if unblocked:

@@ -23,10 +23,15 @@ def mcpu_for(arch: str, features: set[str]) -> str:
     return "x86-64"
 
 
+def class_features(options: dict[str, str]) -> set[str]:
+    """The class's CPU feature flags from the step's options (`cpuFeatures`, comma-separated)."""
+    return set(filter(None, options.get("cpuFeatures", "").split(",")))
+
+
 def vector_lanes(options: dict[str, str]) -> int:
     """fp32 lanes of the class's widest vector registers: the channel block of the blocked
     activation layout (NCHW{lanes}c), so that a convolution's innermost loop fills a register."""
-    features = set(filter(None, options.get("cpuFeatures", "").split(",")))
+    features = class_features(options)
     if options.get("arch", "amd64") == "arm64":
         return 4
     return 16 if "avx512f" in features else 8 if "avx2" in features else 4
@@ -35,7 +40,7 @@ def vector_lanes(options: dict[str, str]) -> int:
 def target_for(options: dict[str, str]) -> dict[str, Any]:
     """The TVM target (JSON form: TVM 0.27 no longer parses `llvm -mcpu=...` strings)."""
     arch = options.get("arch", "amd64")
-    features = set(filter(None, options.get("cpuFeatures", "").split(",")))
+    features = class_features(options)
     target: dict[str, Any] = {"kind": "llvm", "mcpu": mcpu_for(arch, features)}
     if arch == "arm64":
         target["mtriple"] = "aarch64-linux-gnu"

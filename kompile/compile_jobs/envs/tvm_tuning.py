@@ -90,11 +90,17 @@ def open_database(folder: Path) -> Any:
     )
 
 
-def _has_record(database: Any, task: Any) -> bool:
+def _best_record(database: Any, task: Any) -> Any:
+    """The task's best tuning record in the database, or None."""
     mod = task.dispatched[0]
     if not database.has_workload(mod):
-        return False
-    return bool(database.get_top_k(database.commit_workload(mod), 1))
+        return None
+    top = database.get_top_k(database.commit_workload(mod), 1)
+    return top[0] if top else None
+
+
+def _has_record(database: Any, task: Any) -> bool:
+    return _best_record(database, task) is not None
 
 
 def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> TuneStats:
@@ -187,13 +193,10 @@ def allot_trials(flops: list[float], trials: int, least: int) -> list[int]:
 def task_time(database: Any, task: Any) -> float:
     """The task's time in one call of the model: its best measured kernel times its calls (0.0
     before it has a valid record)."""
-    mod = task.dispatched[0]
-    if not database.has_workload(mod):
+    best = _best_record(database, task)
+    if best is None or not best.run_secs:
         return 0.0
-    top = database.get_top_k(database.commit_workload(mod), 1)
-    if not top or not top[0].run_secs:
-        return 0.0
-    secs = [float(s) for s in top[0].run_secs]
+    secs = [float(s) for s in best.run_secs]
     return sum(secs) / len(secs) * max(1, int(task.weight))
 
 
