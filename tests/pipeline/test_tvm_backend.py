@@ -7,6 +7,8 @@ kept in step with a store (file:// and the real S3-compatible server)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import torch
 
 from kompile.api.spec import Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
+from kompile.compile_jobs.backends.tvm import TvmRunner
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
 from tests.pipeline.conftest import (
@@ -185,6 +188,105 @@ def test_plain_convolutions_run_blocked_and_tuned_where_the_isa_allows(
     runner.close()
     assert verdict.passed, verdict.failures
     assert plain.options["blockedConvolutions"] == "0" and plain.options["activationLayout"] == "NCHW"
+
+
+class ChannelOps(torch.nn.Module):
+    """Ops on the channel axis after blocked convolutions, which the layout conversion must carry in
+    blocks or bring back to NCHW exactly: a split at 5 of 32 channels (inside a block), a concat with
+    the 3-channel input, a softmax over channels, a pixel shuffle (64 channels to 16) and a group
+    norm. The 1x1 convolution's 30 input channels are no whole blocks: it stays NCHW."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.mix = torch.nn.Conv2d(30, 16, 1)
+        self.up = torch.nn.Conv2d(16, 64, 3, padding=1)
+        self.head = torch.nn.Linear(5 + 16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.stem(x))
+        a, b = torch.split(y, [5, 27], dim=1)
+        z = torch.relu(self.mix(torch.cat([b, x], dim=1)))
+        z = torch.softmax(self.up(z), dim=1)
+        z = torch.nn.functional.group_norm(torch.nn.functional.pixel_shuffle(z, 2), 4)
+        return self.head(torch.cat([a.mean(dim=(2, 3)), z.mean(dim=(2, 3))], dim=1))
+
+
+def test_channel_axis_ops_after_blocked_convolutions_stay_exact(feeds: list[Feeds], tmp_path: Path) -> None:
+    torch.manual_seed(5)
+    model = ChannelOps().eval()
+    artifact, runner, verdict = _build(model, feeds, tmp_path, tmp_path / "db", tuningTrials="0")
+    runner.close()
+    assert verdict.passed, verdict.failures
+    assert min(o.cosine for o in verdict.outputs) > 0.99999
+    # The stem and the 16->64 convolution blocked; the 30-channel 1x1 left NCHW by the conversion.
+    assert artifact.options["blockedConvolutions"] == "2"
+    assert "activationLayoutKept" not in artifact.options
+
+
+REFUSING_STEP = """
+import json, sys
+import numpy as np
+import tvm
+from kompile.compile_jobs.envs import tvm as steps
+
+def refuse(mod, lanes):
+    # Stand-in for a graph TVM's ConvertLayout refuses (none is known since the depthwise fix).
+    raise tvm.error.InternalError("Check failed: a stand-in refusal of the blocked layout")
+
+steps.block_convolutions = refuse
+req = json.loads(sys.argv[1])
+step = steps.Steps()
+record = step.op_compile(req)["record"]
+step.op_load({"model": req["out"], "threads": 1})
+step.op_run({"feeds": req["example"], "out": req["out"] + ".out.npz"})
+print(json.dumps(record))
+"""
+
+
+def test_a_graph_the_blocked_layout_refuses_is_built_as_exported(feeds: list[Feeds], tmp_path: Path) -> None:
+    from kompile.compile_jobs.environments import _kompile_only_path, find_environment
+    from kompile.compile_jobs.envs import read_arrays, write_arrays
+
+    torch.manual_seed(3)
+    model = Blocks().eval()
+    program = torchscript_onnx(model, feeds[0], tmp_path / "m.onnx", {}, "output")
+    write_arrays(str(tmp_path / "example.npz"), [feeds[0]["input"]])
+    request = {
+        "program": str(program),
+        "example": str(tmp_path / "example.npz"),
+        "precision": "fp32",
+        "out": str(tmp_path / "model.so"),
+        "options": {"arch": "amd64", "cpuFeatures": "avx2,avx512f", "cores": "1"},
+    }
+    script = tmp_path / "refusing_step.py"
+    script.write_text(REFUSING_STEP)
+    done = subprocess.run(
+        [str(find_environment("tvm") / "bin" / "python"), str(script), json.dumps(request)],
+        env={**os.environ, "PYTHONPATH": str(_kompile_only_path(tmp_path)), "PYTHONNOUSERSITE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["activationLayout"] == "NCHW" and record["blockedConvolutions"] == "0"
+    assert record["activationLayoutKept"].startswith("NCHW: the blocked layout failed (")
+    assert "a stand-in refusal of the blocked layout" in record["activationLayoutKept"]
+    with torch.no_grad():
+        expected = model(torch.from_numpy(np.asarray(feeds[0]["input"]))).numpy()
+    got = read_arrays(str(tmp_path / "model.so.out.npz"))[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_corrupt_library_is_refused_saying_to_rebuild_it(tmp_path: Path) -> None:
+    # TVM 0.27 raises ValueError here; the step named tvm.error.TVMError (gone since the FFI
+    # rewrite), so this was an AttributeError crash of the environment's process.
+    bad = tmp_path / "model.so"
+    bad.write_bytes(b"not a shared library")
+    with pytest.raises(BackendError, match=r"TVM cannot load model\.so: .+; rebuild it"):
+        TvmRunner(bad, ["input"], 1, 1, [(1, 3, 32, 32)])
 
 
 def _db(workloads: list[str], records: list[tuple[int, str]]) -> Database:

@@ -30,6 +30,13 @@ from kompile.compile_jobs.envs.tvm_target import target_for, target_string, vect
 
 Array = np.ndarray[Any, Any]
 
+TVM_ERRORS: tuple[type[Exception], ...] = (RuntimeError, ValueError, TypeError, IndexError)
+"""What TVM 0.27 raises: its FFI turns a C++ error into Python's built-in exception of that kind,
+and its own (InternalError, DiagnosticError, OpError) derive from RuntimeError; the
+`tvm.error.TVMError` of earlier releases is gone, and naming it in an `except` clause turned every
+TVM failure into an AttributeError."""
+TVM_LOAD_ERRORS: tuple[type[Exception], ...] = (*TVM_ERRORS, OSError)
+
 
 def _first_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
@@ -81,7 +88,7 @@ class Steps:
         if options.get("activationLayout", "blocked") == "blocked":
             try:
                 mod, blocked = block_convolutions(mod, lanes)
-            except (tvm.error.TVMError, ValueError, TypeError) as err:
+            except TVM_ERRORS as err:
                 # The blocked layout is a speed-up: a graph it cannot convert is built as exported.
                 unblocked = _first_line(err)
         mod = relax.get_pipeline("zero")(mod)
@@ -113,7 +120,7 @@ class Steps:
             try:
                 with target:
                     stats = tvm_tuning.tune(mod, target, database, budget, out.parent / "tvm-tuning-logs")
-            except (tvm.error.TVMError, ValueError, RuntimeError) as err:
+            except TVM_ERRORS as err:
                 raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
             record.update(stats.record())
             with target, database:
@@ -130,7 +137,7 @@ class Steps:
         try:
             executable = tvm.compile(mod, target=target)
             executable.export_library(str(out))
-        except (tvm.error.TVMError, ValueError, RuntimeError) as err:
+        except TVM_ERRORS as err:
             raise StepFailed(
                 f"TVM could not build the model for {target_string(target_json)}: {_first_line(err)}"
             ) from err
@@ -144,7 +151,7 @@ class Steps:
 
         try:
             lib = tvm.runtime.load_module(req["model"])
-        except (tvm.error.TVMError, OSError) as err:
+        except TVM_LOAD_ERRORS as err:
             raise StepFailed(
                 f"TVM cannot load {Path(req['model']).name}: {_first_line(err)}; rebuild it"
             ) from err
@@ -164,7 +171,7 @@ class Steps:
         start = time.perf_counter_ns()
         try:
             result = self.vm["main"](*args)
-        except (tvm.error.TVMError, ValueError) as err:
+        except TVM_ERRORS as err:
             raise StepFailed(f"the TVM library failed on these inputs: {_first_line(err)}") from err
         outs = [o.numpy() for o in _flatten(result)]
         ns = time.perf_counter_ns() - start
