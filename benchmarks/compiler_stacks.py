@@ -12,6 +12,9 @@ the figures.
 
     python benchmarks/compiler_stacks.py --models resnet50,bert_base --threads 2 \
         --tvm-trials 2000 --tvm-minutes 30 --out benchmarks/results/compiler-stacks-<date>-<cpu>.json
+
+`--tvm-untuned no` leaves untuned TVM out (on BERT-base it takes minutes a call, and its timing
+rounds would take most of the run).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ LAYOUT_NAMES = {"prepacked": "tvm-tuned", "as-is": "tvm-tuned-as-is"}
 TVM_LAYOUTS: list[str] = []
 """The weight layouts TVM is tuned and timed with (--tvm-layouts, default prepacked,as-is): each
 layout's kernels are their own workloads, so each tunes within the whole budget on a new database."""
+TVM_UNTUNED: list[bool] = [True]
+"""Whether untuned TVM is built and timed (--tvm-untuned yes|no): on BERT-base it takes minutes a
+call, so its timing rounds would take most of the run."""
 TVM_MODELS: set[str] = set()
 """The models TVM builds (--tvm-models): untuned TVM runs a call in seconds, so each left out saves
 minutes of timing rounds."""
@@ -55,9 +61,18 @@ def stacks() -> list[BuiltSpec]:
 
 
 def add_tvm(run: CaseRun) -> None:
-    """TVM untuned (no trials, and an empty tuning database: the shared one would lend it the
-    schedules earlier runs tuned) and tuned within the budget on the shared database, with
-    prepacked weights and with the weights as the ONNX export lays them out."""
+    """TVM untuned (unless --tvm-untuned no) and tuned within the budget on the shared database,
+    with each weight layout of --tvm-layouts."""
+    if TVM_UNTUNED[0]:
+        add_untuned_tvm(run)
+    # Tuned with prepacked weights (the default) and with the weights in the ONNX layout: each
+    # layout has its own records in the database, so each is tuned (or reused) on its own.
+    tuned = [(LAYOUT_NAMES[lay], "tvm", "fp32", None, {**BUDGET, "weightLayout": lay}) for lay in TVM_LAYOUTS]
+    add_built(run, tuned)
+
+
+def add_untuned_tvm(run: CaseRun) -> None:
+    """Untuned TVM on an empty database (the shared one would lend it earlier runs' schedules)."""
     with tempfile.TemporaryDirectory(prefix="tvm-empty-db-") as empty:
         saved = os.environ.get(tvm_database.ROOT_ENV)
         os.environ[tvm_database.ROOT_ENV] = empty
@@ -68,10 +83,6 @@ def add_tvm(run: CaseRun) -> None:
                 os.environ.pop(tvm_database.ROOT_ENV)
             else:
                 os.environ[tvm_database.ROOT_ENV] = saved
-    # Tuned with prepacked weights (the default) and with the weights in the ONNX layout: each
-    # layout has its own records in the database, so each is tuned (or reused) on its own.
-    tuned = [(LAYOUT_NAMES[lay], "tvm", "fp32", None, {**BUDGET, "weightLayout": lay}) for lay in TVM_LAYOUTS]
-    add_built(run, tuned)
 
 
 def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int) -> dict[str, Any]:
@@ -94,7 +105,9 @@ def _budget(argv: list[str]) -> list[str]:
     p.add_argument("--tvm-minutes", default="5")
     p.add_argument("--tvm-models", default="resnet50")
     p.add_argument("--tvm-layouts", default="prepacked,as-is", help="weightLayout values, comma-separated")
+    p.add_argument("--tvm-untuned", choices=["yes", "no"], default="yes")
     known, rest = p.parse_known_args(argv)
+    TVM_UNTUNED[0] = known.tvm_untuned == "yes"
     TVM_LAYOUTS.extend(known.tvm_layouts.split(","))
     if unknown := set(TVM_LAYOUTS) - set(LAYOUT_NAMES):
         p.error(f"--tvm-layouts: {', '.join(sorted(unknown))}; choose from {', '.join(LAYOUT_NAMES)}")
