@@ -30,14 +30,23 @@ def save_arrays(path: Path, arrays: list[Array]) -> str:
 class EnvRunner:
     """An artifact loaded by its backend's environment process (its steps' `load`), run there on
     each feed (`run`); `timed` measures the call inside that process, the pipe's round trip left
-    out. A subclass names its environment; `environment=` overrides it."""
+    out. A subclass names its environment; `environment=` overrides it; `load` adds fields to the
+    load request (IREE's device)."""
 
     environment = ""
 
-    def __init__(self, path: Path, input_names: list[str], threads: int, environment: str = "") -> None:
+    def __init__(
+        self,
+        path: Path,
+        input_names: list[str],
+        threads: int,
+        environment: str = "",
+        load: dict[str, str] | None = None,
+    ) -> None:
         self.path, self.input_names = path, input_names
         self.process = EnvProcess(environment or self.environment)
-        reply = self.process.call({"op": "load", "model": str(path.resolve()), "threads": threads})
+        request = {"op": "load", "model": str(path.resolve()), "threads": threads, **(load or {})}
+        reply = self.process.call(request)
         count = len(reply["outputs"])
         self.output_names: list[str] = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
         self._files: dict[int, tuple[Feeds, str]] = {}

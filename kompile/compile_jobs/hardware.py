@@ -79,8 +79,8 @@ def cpu_description() -> str:
     return f"{model} ({', '.join(shown) or 'no vector extensions reported'})"
 
 
-def local_cuda_class() -> str | None:
-    """GPU class of device 0, or None without CUDA (imports torch lazily)."""
+def local_cuda_capability() -> tuple[int, int] | None:
+    """Compute capability of device 0, or None without CUDA (imports torch lazily)."""
     try:
         import torch
     except ImportError:
@@ -88,5 +88,15 @@ def local_cuda_class() -> str | None:
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability(0)
+    return int(major), int(minor)
+
+
+def local_cuda_class() -> str | None:
+    """GPU class of device 0, or None without CUDA (imports torch lazily)."""
+    capability = local_cuda_capability()
+    if capability is None:
+        return None
+    import torch
+
     product = torch.cuda.get_device_name(0).replace(" ", "-")
-    return f"gpu-{product}-sm{major}{minor}"
+    return f"gpu-{product}-sm{capability[0]}{capability[1]}"

@@ -12,8 +12,15 @@ import pytest
 
 from kompile.api.spec import InputSpec, Target
 from kompile.compile_jobs import run_results
-from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
-from kompile.compile_jobs.backends.iree import compile_flags, extra_flags, target_flags
+from kompile.compile_jobs.backends import iree as iree_backend
+from kompile.compile_jobs.backends.base import BackendError, BackendUnavailable, Feeds, get_backend
+from kompile.compile_jobs.backends.iree import (
+    compile_flags,
+    cuda_flags,
+    cuda_target,
+    extra_flags,
+    target_flags,
+)
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.build import compile_request
 from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
@@ -148,3 +155,60 @@ def test_flags_come_from_the_class_isa_and_refuse_file_flags() -> None:
 
     opts = IreeOptions.model_validate({"flags": "default", "extraFlags": "--iree-opt-level=O2"})
     assert compile_flags(opts, "avx2") == ["--iree-llvmcpu-target-cpu=x86-64-v3", "--iree-opt-level=O2"]
+
+
+def test_the_cuda_target_is_the_newest_iree_knows_at_or_below_the_gpu() -> None:
+    # IREE 3.13 has no sm_90 or sm_100 target: Hopper and datacenter Blackwell run sm_89's PTX.
+    assert cuda_target((9, 0)) == "sm_89" and cuda_target((10, 0)) == "sm_89"
+    assert cuda_target((12, 0)) == "sm_120" and cuda_target((8, 6)) == "sm_86"
+    assert cuda_target((8, 0)) == "sm_80" and cuda_target((7, 5)) == "sm_75"
+    with pytest.raises(BackendError, match=r"compute capability 6\.0 and newer, not 5\.2"):
+        cuda_target((5, 2))
+    from kompile.api.catalog.iree import IreeOptions
+
+    opts = IreeOptions.model_validate({"extraFlags": "--iree-opt-level=O2"})
+    assert cuda_flags(opts, "sm_89") == [
+        "--iree-hal-target-device=cuda",
+        "--iree-cuda-target=sm_89",
+        "--iree-opt-level=O2",
+    ]
+
+
+def _cuda_request(feeds: list[Feeds], out: Path) -> Any:
+    from models.small import small_cnn
+
+    model = small_cnn()
+    path = torchscript_onnx(model, feeds[0], out / "small.onnx", {"input": {0: "batch"}}, "output")
+    target = Target(name="gpu-iree", backend="iree", precision="fp32")
+    return compile_request(
+        target, module=model, onnx_path=path, out_dir=out, signature=[IMAGE], feeds=feeds[:2], device="cuda"
+    )
+
+
+def test_a_cuda_vmfb_is_compiled_for_the_gpus_target(
+    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    # Stand-in for an H100's probe (compute capability 9.0): iree-compile needs no GPU to emit PTX.
+    monkeypatch.setattr(iree_backend, "local_cuda_capability", lambda: (9, 0))
+    backend = get_backend("iree")
+    artifact = backend.compile(_cuda_request(feeds, tmp_path))
+    o = artifact.options
+    assert (o["halDevice"], o["computeCapability"], o["cudaTarget"]) == ("cuda", "9.0", "sm_89")
+    assert o["compileFlags"] == "--iree-hal-target-device=cuda --iree-cuda-target=sm_89"
+    assert "isa" not in o and "targetCpu" not in o
+    # The module holds PTX for sm_89, which the driver compiles for the GPU at load.
+    assert b".target sm_89" in artifact.model_path.read_bytes()
+    if torch.cuda.is_available():
+        return  # tests/gpu/test_iree_gpu.py validates it on the GPU
+    with pytest.raises(BackendError, match="the IREE runtime has no cuda device here"):
+        backend.load(artifact)
+
+
+def test_iree_for_cuda_without_a_gpu_says_where_to_run_it(
+    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(iree_backend, "local_cuda_capability", lambda: None)
+    with pytest.raises(BackendUnavailable, match="run this target on a GPU node"):
+        get_backend("iree").compile(_cuda_request(feeds, tmp_path))

@@ -1,5 +1,5 @@
-"""Catalog entry: IREE (MLIR) `.vmfb` modules for CPUs (compile_jobs/backends/iree.py), imported from
-the ONNX export and compiled for `llvm-cpu` in the backend's own environment
+"""Catalog entry: IREE (MLIR) `.vmfb` modules for CPUs and NVIDIA GPUs (compile_jobs/backends/iree.py),
+imported from the ONNX export and compiled for `llvm-cpu` or `cuda` in the backend's own environment
 (requirements/env-iree.txt: iree-base-compiler, iree-base-runtime and onnx, no torch)."""
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ class IreeOptions(BackendOptions):
 
     flags: Literal["tuned", "default"] = Field(
         default="tuned",
-        description="Compile flags: tuned (what measured faster: data tiling, convolutions as im2col + "
-        "matmul) or default (IREE's own defaults, only the CPU named).",
+        description="Compile flags: tuned (what measured faster on CPUs: data tiling, convolutions as "
+        "im2col + matmul) or default (IREE's own defaults, only the CPU named). On cuda both are IREE's "
+        "defaults with the GPU's target: no flag has been measured on a GPU yet.",
     )
     target_cpu: Literal["class", "host"] = Field(
         default="class",
         description="The CPU the code is generated for: class (the hardware class's ISA, runs on every "
-        "node of the class) or host (the compiling node's own CPU, LLVM's `host`).",
+        "node of the class) or host (the compiling node's own CPU, LLVM's `host`). CPU classes only.",
     )
     extra_flags: str = Field(
         default="",
@@ -40,11 +41,13 @@ class IreeOptions(BackendOptions):
 
 ENTRY = BackendEntry(
     name="iree",
-    summary="IREE 3.13: the ONNX export imported to MLIR and compiled for llvm-cpu into a .vmfb module "
-    "run by the IREE runtime (local-task); fp32, at a static shape (the signature's opt). CPU and "
-    "flags by the class's ISA (option flags: tuned or default). Runs in its own environment "
+    summary="IREE 3.13: the ONNX export imported to MLIR and compiled into a .vmfb module run by the "
+    "IREE runtime; fp32, at a static shape (the signature's opt). On CPU classes llvm-cpu (local-task), "
+    "CPU and flags by the class's ISA (option flags: tuned or default); on NVIDIA GPU classes cuda, "
+    "PTX for the newest CUDA target IREE 3.13 knows at or below the GPU's compute capability (sm_89 "
+    "for Hopper), compiled by the driver at load. Runs in its own environment "
     "(scripts/setup-backend-env.sh iree). Not served: Triton has no IREE backend.",
-    devices=("cpu",),
+    devices=("cpu", "cuda"),
     precisions=frozenset({"fp32"}),
     consumes="onnx",
     options=IreeOptions,

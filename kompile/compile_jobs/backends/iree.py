@@ -1,6 +1,7 @@
-"""IREE backend for CPUs: the pipeline's fp32 ONNX export, imported to MLIR by IREE's ONNX importer
-and compiled by `iree-compile` for `llvm-cpu` into a `.vmfb` module, in the backend's own
-environment (requirements/env-iree.txt: no torch there, the ONNX export is all it takes).
+"""IREE backend for CPUs and NVIDIA GPUs: the pipeline's fp32 ONNX export, imported to MLIR by IREE's
+ONNX importer and compiled by `iree-compile` for `llvm-cpu` (CPU classes) or `cuda` (GPU classes)
+into a `.vmfb` module, in the backend's own environment (requirements/env-iree.txt: no torch there,
+the ONNX export is all it takes).
 
 Steps, each recorded in the artifact's options:
 - the ONNX export with every dynamic dimension fixed at the signature's opt size: IREE compiles
@@ -13,9 +14,14 @@ Steps, each recorded in the artifact's options:
 - the flag set (option flags): `tuned` adds what measured faster (data tiling, im2col convolutions
   into those data-tiled matmuls; docs/backends.md has the figures), `default` is IREE's own
   defaults; `extraFlags` come last. The whole command line is recorded in `compileFlags`;
+- on a GPU class: `--iree-hal-target-device=cuda` and `--iree-cuda-target=` the newest CUDA target
+  IREE 3.13 knows at or below the GPU's compute capability (`cudaTarget`; it has no sm_90 or
+  sm_100: "missing GPU target", iree-org/iree#22147): IREE embeds PTX, which the driver compiles
+  for the GPU at load, so an H100 runs sm_89's PTX. No flag set is measured on a GPU yet: `flags`
+  changes nothing there;
 - `load` starts the environment's process with the IREE runtime (`local-task`, the run's thread
-  count as its worker count): validation runs the `.vmfb` that ships, and the benchmark times each
-  call in that process.
+  count as its worker count; `cuda` on a GPU class, `halDevice`): validation runs the `.vmfb` that
+  ships, and the benchmark times each call in that process.
 
 A missing environment fails the candidate with reason EnvironmentMissing, a crashed one with
 EnvironmentFailed and its stderr tail. Not served by KServe: Triton has no IREE backend.
@@ -34,6 +40,7 @@ from kompile.api.catalog.iree import IreeOptions
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
+    BackendUnavailable,
     CompiledArtifact,
     CompileRequest,
     Feeds,
@@ -41,7 +48,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.env_backend import EnvRunner, built_in_environment, compile_in_environment
-from kompile.compile_jobs.hardware import local_cpu_class
+from kompile.compile_jobs.hardware import local_cpu_class, local_cuda_capability
 
 Array = np.ndarray[Any, Any]
 ENVIRONMENT = "iree"
@@ -67,6 +74,25 @@ TUNED = ("--iree-opt-data-tiling", "--iree-global-opt-use-im2col-for-convs")
 # An expert's extra flags: iree-compile options only, none that writes or reads a file.
 _EXTRA = re.compile(r"--iree-[a-z0-9-]+(=[A-Za-z0-9_.,+=-]*)?")
 _FILE_FLAG = re.compile(r"dump|output|export|save|path|file|dir|import|link|plugin|tool", re.IGNORECASE)
+
+
+# The CUDA targets IREE 3.13 has GPU details for (`--iree-cuda-target=sm_90` and sm_100 to sm_110
+# fail "missing GPU target in #hal.executable.target"; measured with iree-compile 3.13.0).
+CUDA_TARGETS: tuple[tuple[int, int], ...] = (
+    (12, 1), (12, 0), (8, 9), (8, 7), (8, 6), (8, 0), (7, 5), (7, 2), (7, 0), (6, 1), (6, 0),
+)  # fmt: skip
+
+
+def cuda_target(capability: tuple[int, int]) -> str:
+    """The newest CUDA target IREE knows at or below the GPU's compute capability: its PTX runs on
+    the GPU (the driver compiles PTX forward, never back)."""
+    for known in CUDA_TARGETS:
+        if known <= capability:
+            return f"sm_{known[0]}{known[1]}"
+    raise BackendError(
+        f"IREE 3.13 generates CUDA code for compute capability 6.0 and newer, not "
+        f"{capability[0]}.{capability[1]}: build this target for cpu or with another backend"
+    )
 
 
 def class_isa(hardware_class: str) -> str:
@@ -104,6 +130,11 @@ def compile_flags(opts: IreeOptions, isa: str) -> list[str]:
     return target_flags(isa, opts.target_cpu) + chosen + extra_flags(opts.extra_flags)
 
 
+def cuda_flags(opts: IreeOptions, target: str) -> list[str]:
+    """The cuda device and its target; IREE's defaults otherwise (TUNED was measured on CPUs only)."""
+    return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={target}", *extra_flags(opts.extra_flags)]
+
+
 class IreeRunner(EnvRunner):
     """A `.vmfb` module run by the IREE runtime in the iree environment's process (the same load and
     run requests as LiteRT's), at the static shapes it was compiled for."""
@@ -111,10 +142,15 @@ class IreeRunner(EnvRunner):
     environment = ENVIRONMENT
 
     def __init__(
-        self, path: Path, input_names: list[str], shapes: dict[str, list[int]], threads: int
+        self,
+        path: Path,
+        input_names: list[str],
+        shapes: dict[str, list[int]],
+        threads: int,
+        hal_device: str = "local-task",
     ) -> None:
         self.shapes = shapes
-        super().__init__(path, input_names, threads)
+        super().__init__(path, input_names, threads, load={"device": hal_device})
 
     def check_feed(self, feeds: Feeds) -> None:
         got = {n: list(np.shape(feeds[n])) for n in self.input_names}
@@ -130,8 +166,25 @@ class IreeBackend(Backend):
     def compile(self, request: CompileRequest) -> CompiledArtifact:
         self.check_request(request)
         opts = options_of(request, IreeOptions)
-        isa = class_isa(local_cpu_class())
-        flags = compile_flags(opts, isa)
+        device: dict[str, str]
+        if request.device == "cuda":
+            capability = local_cuda_capability()
+            if capability is None:
+                raise BackendUnavailable(
+                    "iree for cuda compiles for this node's NVIDIA GPU and validates on it; torch sees "
+                    "none here (torch.cuda.is_available() is False): run this target on a GPU node"
+                )
+            target = cuda_target(capability)
+            flags = cuda_flags(opts, target)
+            device = {
+                "halDevice": "cuda",
+                "computeCapability": f"{capability[0]}.{capability[1]}",
+                "cudaTarget": target,
+            }
+        else:
+            isa = class_isa(local_cpu_class())
+            flags = compile_flags(opts, isa)
+            device = {"halDevice": "local-task", "targetCpu": opts.target_cpu, "isa": isa}
         signature = request.signature
         shapes = {s.name: [int(d) for d in s.concrete_shape()] for s in signature}
         threads = opts.intra_op_threads or request.threads or available_cores()
@@ -140,8 +193,7 @@ class IreeBackend(Backend):
             "inputOrder": ",".join(s.name for s in signature),
             "staticShapes": json.dumps(shapes, separators=(",", ":")),
             "flags": opts.flags,
-            "targetCpu": opts.target_cpu,
-            "isa": isa,
+            **device,
             "compileFlags": " ".join(flags),
             "threads": str(threads),
         }
@@ -165,7 +217,8 @@ class IreeBackend(Backend):
         options = artifact.options
         shapes: dict[str, list[int]] = json.loads(options["staticShapes"])
         count = threads or int(options["threads"])
-        return IreeRunner(artifact.model_path, options["inputOrder"].split(","), shapes, count)
+        hal = options.get("halDevice", "local-task")
+        return IreeRunner(artifact.model_path, options["inputOrder"].split(","), shapes, count, hal)
 
 
 BACKEND = IreeBackend()

@@ -3,10 +3,11 @@ onnx; no torch), served by kompile.compile_jobs.env_runner.
 
 - compile: the pipeline's fp32 ONNX export with each input fixed at the shape the options give
   (`staticShapes`), shapes inferred again, imported to MLIR by IREE's ONNX importer, then
-  `iree-compile` for `llvm-cpu` with the flags the pipeline chose (`compileFlags`) into a `.vmfb`;
+  `iree-compile` for `llvm-cpu` (or, with `halDevice` cuda, the device the flags name) with the
+  flags the pipeline chose (`compileFlags`) into a `.vmfb`;
 - load/run: the IREE runtime's `local-task` device with the given number of workers
-  (`--task_topology_group_count`), the module's `main_graph` function; a run is timed from the call
-  to the outputs on the host.
+  (`--task_topology_group_count`), or its `cuda` device; the module's `main_graph` function; a run
+  is timed from the call to the outputs on the host.
 
 Imports only the standard library, numpy and this environment's packages.
 """
@@ -112,6 +113,8 @@ class Steps:
         options = req.get("options", {})
         shapes: dict[str, list[int]] = json.loads(options.get("staticShapes", "{}"))
         flags = options.get("compileFlags", "").split()
+        # A GPU's device and target come in the flags (--iree-hal-target-device=cuda).
+        backends = ["llvm-cpu"] if options.get("halDevice", "local-task") == "local-task" else []
         out = Path(req["out"])
         with tempfile.TemporaryDirectory(prefix="iree-", dir=out.parent) as tmp:
             scratch = Path(tmp)
@@ -121,7 +124,7 @@ class Steps:
             try:
                 tools.compile_file(
                     str(scratch / "model.mlirbc"),
-                    target_backends=["llvm-cpu"],
+                    target_backends=backends,
                     extra_args=flags,
                     output_file=str(out),
                 )
@@ -142,10 +145,14 @@ class Steps:
     def op_load(self, req: dict[str, Any]) -> dict[str, Any]:
         import iree.runtime as rt
 
-        threads = int(req["threads"])
-        # Process-wide flags read when the device is made: this process serves one module.
-        rt.flags.parse_flags(f"--task_topology_group_count={threads}")
-        self.device = rt.get_device("local-task", cache=False)
+        threads, name = int(req["threads"]), req.get("device", "local-task")
+        if name == "local-task":
+            # Process-wide flags read when the device is made: this process serves one module.
+            rt.flags.parse_flags(f"--task_topology_group_count={threads}")
+        try:
+            self.device = rt.get_device(name, cache=False)
+        except (RuntimeError, ValueError) as err:
+            raise StepFailed(f"the IREE runtime has no {name} device here: {_first_line(err)}") from err
         self.context = rt.SystemContext(config=rt.Config(device=self.device))
         try:
             module = rt.VmModule.mmap(self.context.instance, req["model"])
