@@ -197,6 +197,7 @@ def test_a_cuda_vmfb_is_compiled_for_the_gpus_target(
     o = artifact.options
     assert (o["halDevice"], o["computeCapability"], o["cudaTarget"]) == ("cuda", "9.0", "sm_89")
     assert o["compileFlags"] == "--iree-hal-target-device=cuda --iree-cuda-target=sm_89"
+    assert o["flags"] == "default"  # the option's default, tuned, names CPU flags
     assert "isa" not in o and "targetCpu" not in o
     # The module holds PTX for sm_89, which the driver compiles for the GPU at load.
     assert b".target sm_89" in artifact.model_path.read_bytes()

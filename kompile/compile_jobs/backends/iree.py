@@ -192,7 +192,8 @@ class IreeBackend(Backend):
             "precision": request.target.precision,
             "inputOrder": ",".join(s.name for s in signature),
             "staticShapes": json.dumps(shapes, separators=(",", ":")),
-            "flags": opts.flags,
+            # What was applied: on a GPU the CPU flag sets are not, whatever the option says.
+            "flags": opts.flags if request.device != "cuda" else "default",
             **device,
             "compileFlags": " ".join(flags),
             "threads": str(threads),
