@@ -177,6 +177,8 @@ class IreeBackend(Backend):
             target = cuda_target(capability)
             flags = cuda_flags(opts, target)
             device = {
+                # What was applied: the CPU flag sets are not, whatever the option says.
+                "flags": "default",
                 "halDevice": "cuda",
                 "computeCapability": f"{capability[0]}.{capability[1]}",
                 "cudaTarget": target,
@@ -184,7 +186,12 @@ class IreeBackend(Backend):
         else:
             isa = class_isa(local_cpu_class())
             flags = compile_flags(opts, isa)
-            device = {"halDevice": "local-task", "targetCpu": opts.target_cpu, "isa": isa}
+            device = {
+                "flags": opts.flags,
+                "halDevice": "local-task",
+                "targetCpu": opts.target_cpu,
+                "isa": isa,
+            }
         signature = request.signature
         shapes = {s.name: [int(d) for d in s.concrete_shape()] for s in signature}
         threads = opts.intra_op_threads or request.threads or available_cores()
@@ -192,8 +199,6 @@ class IreeBackend(Backend):
             "precision": request.target.precision,
             "inputOrder": ",".join(s.name for s in signature),
             "staticShapes": json.dumps(shapes, separators=(",", ":")),
-            # What was applied: on a GPU the CPU flag sets are not, whatever the option says.
-            "flags": opts.flags if request.device != "cuda" else "default",
             **device,
             "compileFlags": " ".join(flags),
             "threads": str(threads),
