@@ -202,7 +202,7 @@ def test_a_cuda_vmfb_is_compiled_for_the_gpus_target(
     # The module holds PTX for sm_89, which the driver compiles for the GPU at load.
     assert b".target sm_89" in artifact.model_path.read_bytes()
     if torch.cuda.is_available():
-        return  # tests/gpu/test_iree_gpu.py validates it on the GPU
+        return  # tests/gpu/test_compiler_stacks_gpu.py validates it on the GPU
     with pytest.raises(BackendError, match="the IREE runtime has no cuda device here"):
         backend.load(artifact)
 

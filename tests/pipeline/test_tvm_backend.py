@@ -17,9 +17,12 @@ import pytest
 import torch
 
 from kompile.api.spec import Target
-from kompile.compile_jobs.backends.base import BackendError, Feeds
+from kompile.compile_jobs.backends import tvm as tvm_backend
+from kompile.compile_jobs.backends.base import BackendError, BackendUnavailable, Feeds, get_backend
 from kompile.compile_jobs.backends.tvm import TvmRunner
 from kompile.compile_jobs.benchmark import SelfTimed
+from kompile.compile_jobs.build import compile_request
+from kompile.compile_jobs.envs.tvm_target import cuda_arch
 from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
 from tests.pipeline.conftest import (
     IMAGE,
@@ -287,6 +290,61 @@ def test_a_corrupt_library_is_refused_saying_to_rebuild_it(tmp_path: Path) -> No
     bad.write_bytes(b"not a shared library")
     with pytest.raises(BackendError, match=r"TVM cannot load model\.so: .+; rebuild it"):
         TvmRunner(bad, ["input"], 1, 1, [(1, 3, 32, 32)])
+
+
+def _cuda_request(feeds: list[Feeds], out: Path) -> Any:
+    model = _cnn(10)
+    out.mkdir(parents=True, exist_ok=True)
+    path = torchscript_onnx(model, feeds[0], out / "m.onnx", {"input": {0: "batch"}}, "output")
+    target = Target(name="gpu-tvm", backend="tvm", precision="fp32")
+    return compile_request(
+        target, module=model, onnx_path=path, out_dir=out, signature=[IMAGE], feeds=feeds[:1], device="cuda"
+    )
+
+
+def test_a_cuda_library_is_built_for_the_gpus_sm_and_its_kernels_checked_by_nvrtc(
+    feeds: list[Feeds], tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stand-in for an H100's probe (compute capability 9.0): TVM builds CUDA code and NVRTC compiles
+    # it without a GPU.
+    monkeypatch.setattr(tvm_backend, "local_cuda_capability", lambda: (9, 0))
+    monkeypatch.setenv(ROOT_ENV, str(shared))
+    backend = get_backend("tvm")
+    artifact = backend.compile(_cuda_request(feeds, tmp_path))
+    o = artifact.options
+    assert (o["tvmDevice"], o["computeCapability"], o["tvmTarget"]) == ("cuda", "9.0", "cuda -arch=sm_90")
+    assert o["pipeline"] == "dlight-default" and o["tuning"].startswith("none")
+    assert "tuningDatabase" not in o  # GPU classes are not tuned: nothing shared
+    # Two convolutions (+ReLU), the pool and the classifier at least, each a CUDA kernel that NVRTC
+    # compiled for sm_90 here (TVM's runtime compiles the same source on the GPU at load).
+    assert int(o["cudaKernels"]) >= 4 and int(o["cudaCubinBytes"]) > 0
+    assert b'extern "C" __global__' in artifact.model_path.read_bytes()
+    if torch.cuda.is_available():
+        return  # tests/gpu/test_compiler_stacks_gpu.py validates it on the GPU
+    with pytest.raises(BackendError, match=r"the TVM runtime has no cuda device here: .*libcuda"):
+        backend.load(artifact)
+
+
+def test_a_cuda_target_nvrtc_cannot_build_is_refused_at_compile(
+    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A compute capability newer than the environment's CUDA 13.0 knows: refused now, with NVRTC's
+    # reason, rather than when the runtime compiles the kernels on the node.
+    monkeypatch.setattr(tvm_backend, "local_cuda_capability", lambda: (9, 9))
+    with pytest.raises(BackendError, match=r"NVRTC could not compile the model's CUDA kernels for sm_99: .+"):
+        get_backend("tvm").compile(_cuda_request(feeds, tmp_path))
+
+
+def test_tvm_for_cuda_says_which_gpus_and_where_to_run_it(
+    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tvm_backend, "local_cuda_capability", lambda: None)
+    with pytest.raises(BackendUnavailable, match="run this target on a GPU node"):
+        get_backend("tvm").compile(_cuda_request(feeds, tmp_path))
+    monkeypatch.setattr(tvm_backend, "local_cuda_capability", lambda: (7, 0))  # a V100
+    with pytest.raises(BackendError, match=r"compute capability 7\.5 and newer, not 7\.0"):
+        get_backend("tvm").compile(_cuda_request(feeds, tmp_path))
+    assert cuda_arch("12.0") == "sm_120" and cuda_arch("7.5") == "sm_75"
 
 
 def _db(workloads: list[str], records: list[tuple[int, str]]) -> Database:

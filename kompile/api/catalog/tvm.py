@@ -51,10 +51,12 @@ ENTRY = BackendEntry(
     summary="Apache TVM 0.27 (Relax from the ONNX export): a shared library for the class's CPU ISA "
     "(llvm -mcpu from its features), MetaSchedule-tuned within a trial and time budget; the tuning "
     "database is shared per (hardware class, TVM version, target) through the artifact store (locally "
-    "~/.cache/kompile/tuning-databases), so each operator shape is tuned once in the fleet. fp32 only, "
+    "~/.cache/kompile/tuning-databases), so each operator shape is tuned once in the fleet. On NVIDIA "
+    "GPU classes (compute capability 7.5 and newer): CUDA kernels for the GPU's sm_XY by TVM's default "
+    "(DLight) schedules, not tuned, checked by NVRTC at compile and compiled by it at load. fp32 only, "
     "at the static (opt) shape. Runs in its own environment (scripts/setup-backend-env.sh tvm). Not "
     "rolled out: Triton has no TVM backend.",
-    devices=("cpu",),
+    devices=("cpu", "cuda"),
     precisions=frozenset({"fp32"}),
     consumes="onnx",
     options=TvmOptions,

@@ -1,7 +1,7 @@
-"""Apache TVM backend for CPUs: the pipeline's fp32 ONNX export through TVM's Relax ONNX frontend in
-the backend's own environment (requirements/env-tvm.txt: apache-tvm 0.27, no torch), MetaSchedule
-tuning against the hardware class's shared tuning database, a shared library loaded back with the
-Relax VM.
+"""Apache TVM backend for CPUs and NVIDIA GPUs: the pipeline's fp32 ONNX export through TVM's Relax
+ONNX frontend in the backend's own environment (requirements/env-tvm.txt: apache-tvm 0.27, no
+torch), MetaSchedule tuning against the hardware class's shared tuning database, a shared library
+loaded back with the Relax VM.
 
 Steps, each recorded in the artifact's options:
 - the target from the class's CPU features (kompile.compile_jobs.envs.tvm_target: `llvm -mcpu=`
@@ -26,6 +26,10 @@ Steps, each recorded in the artifact's options:
   `.so` that ships, and the benchmark times each call in that process (its own measure, the pipe's
   round trip left out; TVM's spinning thread pool stays in that process).
 
+On a GPU class (`device: cuda`, the node's compute capability from torch): the target `cuda
+-arch=sm_XY`, TVM's default DLight schedules (not tuned: no shared database), the kernels checked by
+NVRTC at compile and compiled by TVM's runtime at load on the GPU (kompile.compile_jobs.envs.tvm_cuda).
+
 A missing environment fails the candidate with reason EnvironmentMissing (what to run to build it).
 Not rolled out: Triton has no TVM backend (the catalog's serving is None).
 """
@@ -43,6 +47,7 @@ from kompile.api.catalog.tvm import TvmOptions
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
+    BackendUnavailable,
     CompiledArtifact,
     CompileRequest,
     Feeds,
@@ -54,7 +59,13 @@ from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.env_backend import EnvRunner, compile_in_environment
 from kompile.compile_jobs.envs import PROTOBUF_LIMIT, fix_input_dims
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string
-from kompile.compile_jobs.hardware import _cpuinfo, cpu_description, local_arch, local_cpu_class
+from kompile.compile_jobs.hardware import (
+    _cpuinfo,
+    cpu_description,
+    local_arch,
+    local_cpu_class,
+    local_cuda_capability,
+)
 from kompile.compile_jobs.tvm_database import shared_database
 
 ENVIRONMENT = "tvm"
@@ -69,9 +80,15 @@ class TvmRunner(EnvRunner):
     environment = ENVIRONMENT
 
     def __init__(
-        self, path: Path, input_names: list[str], threads: int, outputs: int, shapes: list[tuple[int, ...]]
+        self,
+        path: Path,
+        input_names: list[str],
+        threads: int,
+        outputs: int,
+        shapes: list[tuple[int, ...]],
+        device: str = "cpu",
     ) -> None:
-        super().__init__(path, input_names, threads)
+        super().__init__(path, input_names, threads, load={"device": device})
         # The Relax VM knows its outputs only after a call: the count recorded at compile names them.
         self.output_names = ["output"] if outputs == 1 else [f"output_{i}" for i in range(outputs)]
         self.shapes = shapes
@@ -129,15 +146,26 @@ class TvmBackend(Backend):
             staticShapes=json.dumps([list(a.shape) for a in args]),
         )
         wire = {**opts.record(), **class_options(threads)}
-        target = target_string(target_for(wire))
+        if request.device == "cuda":
+            wire.update(device="cuda", computeCapability=gpu_capability())
+            record.update(tvmDevice="cuda", computeCapability=wire["computeCapability"])
+        try:
+            target = target_string(target_for(wire))
+        except ValueError as err:
+            raise BackendError(str(err)) from err
         versions = self.installed_versions()
-        database = shared_database(local_cpu_class(), versions.get("apache-tvm", "unknown"), target)
         out = request.out_dir / "model.so"
         request.out_dir.mkdir(parents=True, exist_ok=True)
-        pulled = database.pull()
+        # GPU classes are not tuned (the environment's cuda step): no database to share.
+        database = (
+            None
+            if request.device == "cuda"
+            else shared_database(local_cpu_class(), versions.get("apache-tvm", "unknown"), target)
+        )
+        pulled = database.pull() if database else 0
         with tempfile.TemporaryDirectory(prefix="tvm-", dir=request.out_dir) as tmp:
             scratch = Path(tmp)
-            state = database.checkout(scratch / "database")
+            state = database.checkout(scratch / "database") if database else None
             program = folded_program(request.onnx(), [tuple(a.shape) for a in args], scratch, threads)
             record["graphFolding"] = "onnxruntime-basic"
             reply = compile_in_environment(
@@ -150,11 +178,14 @@ class TvmBackend(Backend):
                 options=wire,
                 state=state,
             )
-            added = database.checkin(state)
+            if database and state:
+                added = database.checkin(state)
+                record.update(
+                    tuningDatabase=database.rel,
+                    tuningRecordsShared=str(added),
+                    tuningRecordsPulled=str(pulled),
+                )
         record.update(reply)
-        record.update(
-            tuningDatabase=database.rel, tuningRecordsShared=str(added), tuningRecordsPulled=str(pulled)
-        )
         if not out.is_file():
             raise BackendError(f"the tvm environment reported success but wrote no {out.name}")
         return CompiledArtifact(
@@ -170,8 +201,24 @@ class TvmBackend(Backend):
         outputs = int(artifact.options.get("outputCount", "1"))
         shapes = [tuple(a) for a in json.loads(artifact.options["staticShapes"])]
         return TvmRunner(
-            artifact.model_path, artifact.options["inputOrder"].split(","), count, outputs, shapes
+            artifact.model_path,
+            artifact.options["inputOrder"].split(","),
+            count,
+            outputs,
+            shapes,
+            artifact.options.get("tvmDevice", "cpu"),
         )
+
+
+def gpu_capability() -> str:
+    """This node's GPU's compute capability ('9.0'), which the cuda target builds for."""
+    capability = local_cuda_capability()
+    if capability is None:
+        raise BackendUnavailable(
+            "tvm for cuda builds for this node's NVIDIA GPU and validates on it; torch sees none here "
+            "(torch.cuda.is_available() is False): run this target on a GPU node"
+        )
+    return f"{capability[0]}.{capability[1]}"
 
 
 BACKEND = TvmBackend()

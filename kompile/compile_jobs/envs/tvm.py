@@ -9,8 +9,11 @@ onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
   are applied (also when no trial is run: what the fleet tuned before is free), their weight
   rewrites folded into the constants, and the module is built for the class's CPU (`target_for`)
   into a shared library;
+- on a GPU class (`device: cuda`): the module built for `cuda -arch=sm_XY` by TVM's default DLight
+  schedules, untuned, its kernels' CUDA source checked by NVRTC for that sm
+  (kompile.compile_jobs.envs.tvm_cuda);
 - load/run: the library loaded back with the Relax VM on `threads` threads (TVM_NUM_THREADS, set
-  before the runtime's pool starts), each call timed here.
+  before the runtime's pool starts), or on the GPU (`device: cuda`), each call timed here.
 
 Imports only the standard library, numpy and this environment's packages.
 """
@@ -25,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
-from kompile.compile_jobs.envs import FeedCache, read_arrays, write_arrays
+from kompile.compile_jobs.envs import FeedCache, read_arrays, tvm_cuda, write_arrays
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string, vector_lanes
 
 Array = np.ndarray[Any, Any]
@@ -80,10 +83,15 @@ class Steps:
         if req["precision"] != "fp32":
             raise StepFailed(f"the tvm backend builds fp32 only, not {req['precision']}")
         options: dict[str, str] = req.get("options") or {}
-        target_json = target_for(options)
+        try:
+            target_json = target_for(options)
+        except ValueError as err:
+            raise StepFailed(str(err)) from err
         target = tvm.target.Target(target_json)
         example = read_arrays(req["example"])
         mod = import_onnx(req["program"], [a.shape for a in example])
+        if target_json["kind"] == "cuda":
+            return {"record": _compile_cuda(mod, target, target_json, Path(req["out"]))}
         blocked, unblocked, lanes = 0, "", vector_lanes(options)
         if options.get("activationLayout", "blocked") == "blocked":
             try:
@@ -146,16 +154,20 @@ class Steps:
     def op_load(self, req: dict[str, Any]) -> dict[str, Any]:
         # The runtime's pool reads TVM_NUM_THREADS once, when it first starts (here: at load).
         os.environ["TVM_NUM_THREADS"] = str(int(req["threads"]))
+        cuda = req.get("device", "cpu") == "cuda"
+        if cuda:
+            tvm_cuda.prepare()
         import tvm
         from tvm import relax
 
+        # On cuda the device first: a library with CUDA kernels does not load without its runtime.
+        self.device = tvm_cuda.device() if cuda else tvm.cpu()
         try:
             lib = tvm.runtime.load_module(req["model"])
         except TVM_LOAD_ERRORS as err:
             raise StepFailed(
                 f"TVM cannot load {Path(req['model']).name}: {_first_line(err)}; rebuild it"
             ) from err
-        self.device = tvm.cpu()
         self.vm = relax.VirtualMachine(lib, self.device)
         arity = int(self.vm._get_function_arity("main"))
         self.inputs = [str(self.vm._get_function_param_name("main", i)) for i in range(arity)]
@@ -178,6 +190,32 @@ class Steps:
         if req["out"]:
             write_arrays(req["out"], outs)
         return {"ns": ns}
+
+
+def _compile_cuda(mod: Any, target: Any, target_json: dict[str, Any], out: Path) -> dict[str, str]:
+    """A GPU class's library: TVM's default CUDA pipeline (its DLight rules schedule every kernel:
+    matmuls and reductions by their rules, the rest, convolutions included, by the fallback that
+    binds loops to threads), built and exported here without a GPU, its CUDA source compiled by
+    NVRTC for the class's sm_XY to refuse now what would not build at load. Not tuned:
+    MetaSchedule measures candidates on the target's device, which runs on CPU classes only here."""
+    import tvm
+
+    arch = str(target_json["arch"])
+    tvm_cuda.prepare()
+    try:
+        executable = tvm.compile(mod, target=target)
+        executable.export_library(str(out))
+    except TVM_ERRORS as err:
+        raise StepFailed(f"TVM could not build the model for cuda {arch}: {_first_line(err)}") from err
+    return {
+        "frontend": "relax-onnx",
+        "tvmTarget": target_string(target_json),
+        "outputCount": str(_output_count(mod)),
+        "pipeline": "dlight-default",
+        "tuning": "none: MetaSchedule tunes CPU classes only",
+        "activationLayout": "NCHW",
+        **tvm_cuda.check_kernels(executable, arch),
+    }
 
 
 def block_convolutions(mod: Any, lanes: int) -> tuple[Any, int]:

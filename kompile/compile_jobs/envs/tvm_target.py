@@ -1,6 +1,6 @@
-"""The TVM target of a hardware class, from its CPU features (never this machine's model name): used
-by the `tvm` environment's steps to build and by the pipeline to key the shared tuning database.
-Standard library only (it runs on both sides)."""
+"""The TVM target of a hardware class, from its CPU features (never this machine's model name) or, on
+a GPU class, its CUDA compute capability: used by the `tvm` environment's steps to build and by the
+pipeline to key the shared tuning database. Standard library only (it runs on both sides)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,30 @@ def vector_lanes(options: dict[str, str]) -> int:
     return 16 if "avx512f" in features else 8 if "avx2" in features else 4
 
 
+OLDEST_CUDA = (7, 5)
+"""CUDA 13 (the environment's NVRTC) builds for compute capability 7.5 (Turing) and newer: it dropped
+sm_50 to sm_72."""
+
+
+def cuda_arch(capability: str) -> str:
+    """`sm_XY` of a compute capability 'X.Y'; ValueError below what CUDA 13 builds for."""
+    major, _, minor = capability.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ValueError(f"the compute capability {capability!r} is not of the form X.Y")
+    if (int(major), int(minor)) < OLDEST_CUDA:
+        raise ValueError(
+            f"TVM's CUDA 13 toolchain builds for compute capability {OLDEST_CUDA[0]}.{OLDEST_CUDA[1]} "
+            f"and newer, not {capability}: build this target for cpu or with another backend"
+        )
+    return f"sm_{major}{minor}"
+
+
 def target_for(options: dict[str, str]) -> dict[str, Any]:
-    """The TVM target (JSON form: TVM 0.27 no longer parses `llvm -mcpu=...` strings)."""
+    """The TVM target (JSON form: TVM 0.27 no longer parses `llvm -mcpu=...` strings): `cuda` with
+    the GPU's `sm_XY` where the options name the device cuda (the host code is generic x86-64 or
+    Arm), else `llvm` for the class's CPU."""
+    if options.get("device") == "cuda":
+        return {"kind": "cuda", "arch": cuda_arch(options.get("computeCapability", ""))}
     arch = options.get("arch", "amd64")
     features = class_features(options)
     target: dict[str, Any] = {"kind": "llvm", "mcpu": mcpu_for(arch, features)}

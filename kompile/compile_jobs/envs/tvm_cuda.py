@@ -1,0 +1,100 @@
+"""CUDA for the `tvm` environment's steps on GPU classes (kompile.compile_jobs.envs.tvm).
+
+TVM 0.27 ships a library's CUDA kernels as CUDA C: its runtime compiles them with NVRTC when the
+library is loaded (`tvm_callback_cuda_compile`, registered by importing `tvm.support.nvcc`), and
+its CUDA runtime module (libtvm_runtime_cuda.so, loaded by `import tvm` where it can be) links
+libcudart.so.13 and the driver's libcuda.so.1. The environment brings CUDA 13.0's runtime, NVRTC
+and CCCL headers as NVIDIA's wheels (requirements/env-tvm.in), which nothing finds by itself: this
+module points TVM at them before `tvm` is imported.
+
+Imports only the standard library and this environment's packages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from kompile.compile_jobs.env_protocol import StepFailed
+
+
+def toolkit() -> Path:
+    """The CUDA 13 folder the wheels install (nvidia/cu13: include/, lib/)."""
+    try:
+        root = Path(str(metadata.distribution("nvidia-cuda-runtime").locate_file("nvidia/cu13")))
+    except metadata.PackageNotFoundError:
+        root = Path("/nonexistent")
+    if not (root / "include" / "cuda_runtime.h").is_file():
+        raise StepFailed(
+            "the tvm environment has no CUDA 13 toolkit wheels (nvidia-cuda-runtime, -nvrtc, -cccl): "
+            "rebuild it with scripts/setup-backend-env.sh tvm"
+        )
+    return root
+
+
+def prepare() -> Path:
+    """Point TVM at the wheels' CUDA before `import tvm`: CUDA_PATH and CCCL's headers for NVRTC,
+    NVRTC's builtins and libcudart.so.13 loaded process-wide (their folder is on no search path,
+    and libtvm_runtime_cuda.so finds libcudart by its soname). Idempotent."""
+    root = toolkit()
+    os.environ["CUDA_PATH"] = str(root)
+    # TVM looks for CCCL only under targets/<triple>/include; the wheel puts it at include/cccl.
+    os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"] = f"-I{root / 'include' / 'cccl'}"
+    lib = root / "lib"
+    for name in ("libnvrtc-builtins.so.13.0", "libcudart.so.13"):
+        ctypes.CDLL(str(lib / name), mode=ctypes.RTLD_GLOBAL)
+    return root
+
+
+def device() -> Any:
+    """TVM's cuda device 0, or StepFailed saying why there is none (call after `prepare`)."""
+    import tvm
+    import tvm.support.nvcc  # registers the NVRTC callback the runtime compiles with
+    from tvm.base import _LOADED_LIBS
+
+    if "tvm_runtime_cuda" not in _LOADED_LIBS:
+        # `import tvm` skips its CUDA module silently where it cannot load: load it again for the reason.
+        lib = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent / "libtvm_runtime_cuda.so"
+        try:
+            _LOADED_LIBS["tvm_runtime_cuda"] = ctypes.CDLL(str(lib), mode=ctypes.RTLD_LOCAL)
+        except OSError as err:
+            raise StepFailed(
+                f"the TVM runtime has no cuda device here: its CUDA module does not load ({err}); "
+                "run this target on a GPU node (the NVIDIA driver provides libcuda.so.1)"
+            ) from err
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        raise StepFailed("the TVM runtime has no cuda device here: the driver sees no GPU")
+    return dev
+
+
+def check_kernels(executable: Any, arch: str) -> dict[str, str]:
+    """Compile the library's CUDA source with NVRTC for `arch` now, as the runtime will at load on
+    the class's GPU: a kernel that would not build there fails the compile step, not the rollout.
+    Needs no GPU. Returns what the artifact records."""
+    from tvm.support import nvcc
+
+    sources = [m.inspect_source("cuda") for m in _modules(executable.mod) if m.kind == "cuda"]
+    if not sources:
+        return {"cudaKernels": "0"}
+    try:
+        cubins = [nvcc.compile_cuda(src, target_format="cubin", arch=arch) for src in sources]
+    except (RuntimeError, ValueError) as err:
+        last = [ln for ln in str(err).splitlines() if "error" in ln.lower()][:3]
+        raise StepFailed(
+            f"NVRTC could not compile the model's CUDA kernels for {arch}: {'; '.join(last) or err}"
+        ) from err
+    return {
+        "cudaKernels": str(sum(src.count('extern "C" __global__') for src in sources)),
+        "cudaCubinBytes": str(sum(len(c) for c in cubins)),
+    }
+
+
+def _modules(mod: Any) -> list[Any]:
+    found = [mod]
+    for sub in mod.imports:
+        found.extend(_modules(sub))
+    return found

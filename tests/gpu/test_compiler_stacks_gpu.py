@@ -1,0 +1,37 @@
+"""The compiler stacks on a GPU, each in its own environment (scripts/setup-backend-env.sh <name>):
+the small CNN compiled for cuda, validated against fp32 eager and timed in that environment's
+process. iree: PTX for the newest CUDA target IREE knows at or below the GPU's compute capability;
+tvm: CUDA kernels for the GPU's sm_XY by TVM's default DLight schedules, compiled by NVRTC at load.
+Skipped where torch sees no CUDA device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.gpu.common import GPU_ONLY, small_cnn_validated_on_gpu
+
+torch = pytest.importorskip("torch")
+
+pytestmark = GPU_ONLY
+
+
+def _capability() -> str:
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{major}.{minor}"
+
+
+def test_iree_cuda_vmfb_validates_against_eager_and_is_timed(tmp_path: Path) -> None:
+    o = small_cnn_validated_on_gpu("iree", tmp_path).options
+    assert (o["halDevice"], o["computeCapability"]) == ("cuda", _capability())
+
+
+def test_tvm_cuda_library_validates_against_eager_and_is_timed(tmp_path: Path) -> None:
+    o = small_cnn_validated_on_gpu("tvm", tmp_path).options
+    sm = "sm_" + _capability().replace(".", "")
+    assert (o["tvmDevice"], o["computeCapability"], o["tvmTarget"]) == (
+        "cuda",
+        _capability(),
+        f"cuda -arch={sm}",
+    )
