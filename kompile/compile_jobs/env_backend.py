@@ -142,9 +142,14 @@ def built_in_environment(backend: Backend, out: Path, record: dict[str, str]) ->
 
 
 def load_in_environment(
-    artifact: CompiledArtifact, threads: int | None, environment: str, runner: type[EnvRunner] = EnvRunner
+    artifact: CompiledArtifact,
+    threads: int | None,
+    environment: str,
+    runner: type[EnvRunner] = EnvRunner,
+    load: dict[str, str] | None = None,
 ) -> EnvRunner:
-    """The artifact loaded in its environment's process, on `threads` (else the recorded count)."""
+    """The artifact loaded in its environment's process, on `threads` (else the recorded count),
+    with `load`'s extra fields in the load request (the device)."""
     recorded = artifact.options.get("threads", "")
     count = threads or (int(recorded) if recorded.isdigit() else available_cores())
-    return runner(artifact.model_path, artifact.options["inputOrder"].split(","), count, environment)
+    return runner(artifact.model_path, artifact.options["inputOrder"].split(","), count, environment, load)

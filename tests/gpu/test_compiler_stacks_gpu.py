@@ -1,7 +1,8 @@
 """The compiler stacks on a GPU, each in its own environment (scripts/setup-backend-env.sh <name>):
 the small CNN compiled for cuda, validated against fp32 eager and timed in that environment's
 process. iree: PTX for the newest CUDA target IREE knows at or below the GPU's compute capability;
-tvm: CUDA kernels for the GPU's sm_XY by TVM's default DLight schedules, compiled by NVRTC at load.
+tvm: CUDA kernels for the GPU's sm_XY by TVM's default DLight schedules, compiled by NVRTC at load;
+xla: StableHLO exported for the cuda platform, compiled by XLA through JAX's CUDA plugin at load.
 Skipped where torch sees no CUDA device."""
 
 from __future__ import annotations
@@ -34,4 +35,13 @@ def test_tvm_cuda_library_validates_against_eager_and_is_timed(tmp_path: Path) -
         "cuda",
         _capability(),
         f"cuda -arch={sm}",
+    )
+
+
+def test_xla_cuda_module_validates_against_eager_and_is_timed(tmp_path: Path) -> None:
+    o = small_cnn_validated_on_gpu("xla", tmp_path).options
+    assert (o["xlaDevice"], o["computeCapability"], o["stablehloPlatforms"]) == (
+        "cuda",
+        _capability(),
+        "cuda",
     )

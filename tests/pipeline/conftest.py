@@ -215,3 +215,30 @@ def cnn_feeds(count: int) -> list[Feeds]:
     """`count` seeded random images at the small CNN's batch-1 shape (1, 3, 32, 32)."""
     rng = np.random.default_rng(0)
     return [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(count)]
+
+
+def compile_for_a_stood_in_gpu(
+    name: str,
+    request: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    refused: str,
+    capability: tuple[int, int] = (9, 0),
+) -> Any:
+    """Backend `name` compiling `request` (device cuda) with the node's GPU probe stood in (an H100's
+    compute capability 9.0 by default): the compile steps need no GPU. Returns the artifact; where no
+    GPU exists, also checks that loading it fails with a message matching `refused` (tests/gpu
+    validates it on a GPU)."""
+    import importlib
+
+    import torch
+
+    from kompile.compile_jobs.backends.base import BackendError, get_backend
+
+    module = importlib.import_module(f"kompile.compile_jobs.backends.{name}")
+    monkeypatch.setattr(module, "local_cuda_capability", lambda: capability)
+    backend = get_backend(name)
+    artifact = backend.compile(request)
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendError, match=refused):
+            backend.load(artifact)
+    return artifact

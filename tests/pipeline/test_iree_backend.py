@@ -12,8 +12,7 @@ import pytest
 
 from kompile.api.spec import InputSpec, Target
 from kompile.compile_jobs import run_results
-from kompile.compile_jobs.backends import iree as iree_backend
-from kompile.compile_jobs.backends.base import BackendError, BackendUnavailable, Feeds, get_backend
+from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
 from kompile.compile_jobs.backends.iree import (
     compile_flags,
     cuda_flags,
@@ -25,7 +24,13 @@ from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.build import compile_request
 from kompile.compile_jobs.environments import EnvironmentMissing, find_environment
 from kompile.compile_jobs.validate import resolve_thresholds
-from tests.pipeline.conftest import IMAGE, cnn_feeds, run_static_target, torchscript_onnx
+from tests.pipeline.conftest import (
+    IMAGE,
+    cnn_feeds,
+    compile_for_a_stood_in_gpu,
+    run_static_target,
+    torchscript_onnx,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -188,12 +193,9 @@ def _cuda_request(feeds: list[Feeds], out: Path) -> Any:
 def test_a_cuda_vmfb_is_compiled_for_the_gpus_target(
     feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import torch
-
-    # Stand-in for an H100's probe (compute capability 9.0): iree-compile needs no GPU to emit PTX.
-    monkeypatch.setattr(iree_backend, "local_cuda_capability", lambda: (9, 0))
-    backend = get_backend("iree")
-    artifact = backend.compile(_cuda_request(feeds, tmp_path))
+    # iree-compile needs no GPU to emit PTX.
+    refused = "the IREE runtime has no cuda device here"
+    artifact = compile_for_a_stood_in_gpu("iree", _cuda_request(feeds, tmp_path), monkeypatch, refused)
     o = artifact.options
     assert (o["halDevice"], o["computeCapability"], o["cudaTarget"]) == ("cuda", "9.0", "sm_89")
     assert o["compileFlags"] == "--iree-hal-target-device=cuda --iree-cuda-target=sm_89"
@@ -201,15 +203,3 @@ def test_a_cuda_vmfb_is_compiled_for_the_gpus_target(
     assert "isa" not in o and "targetCpu" not in o
     # The module holds PTX for sm_89, which the driver compiles for the GPU at load.
     assert b".target sm_89" in artifact.model_path.read_bytes()
-    if torch.cuda.is_available():
-        return  # tests/gpu/test_compiler_stacks_gpu.py validates it on the GPU
-    with pytest.raises(BackendError, match="the IREE runtime has no cuda device here"):
-        backend.load(artifact)
-
-
-def test_iree_for_cuda_without_a_gpu_says_where_to_run_it(
-    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(iree_backend, "local_cuda_capability", lambda: None)
-    with pytest.raises(BackendUnavailable, match="run this target on a GPU node"):
-        get_backend("iree").compile(_cuda_request(feeds, tmp_path))

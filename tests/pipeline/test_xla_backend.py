@@ -14,10 +14,12 @@ import torch
 from kompile.api.spec import Target
 from kompile.compile_jobs.backends.base import BackendError, Feeds
 from kompile.compile_jobs.benchmark import SelfTimed
+from kompile.compile_jobs.build import compile_request
 from tests.pipeline.conftest import (
     IMAGE,
     build_and_compare,
     cnn_feeds,
+    compile_for_a_stood_in_gpu,
     require_environment,
     run_static_target,
 )
@@ -47,6 +49,7 @@ def test_fp32_module_matches_eager_and_is_timed_in_its_environment(
         o = artifact.options
         assert o["threads"] == "2" and o["converter"] == "torchax" and o["weights"] == "baked"
         assert o["exportedStatic"] == "input=[1, 3, 32, 32]" and o["xlaInputDtypes"] == "float32"
+        assert o["xlaDevice"] == "cpu" and o["stablehloPlatforms"] == "cpu"
         assert artifact.toolchain["torch"] == "2.9.1" and artifact.toolchain["torchax"] == "0.0.13"
         assert artifact.toolchain["jaxlib"] == "0.10.2"
         assert runner.output_names == ["output"]
@@ -80,3 +83,23 @@ def test_an_op_torchax_cannot_lower_is_named_with_its_source_line(feeds: list[Fe
 
 def test_kompile_run_validates_and_times_an_xla_target(kompile_run: Any, write_manifest: Any) -> None:
     run_static_target(kompile_run, write_manifest, "xla", "fp32")
+
+
+def _cuda_request(feeds: list[Feeds], out: Path) -> Any:
+    from models.small import small_cnn
+
+    target = Target(name="gpu-xla", backend="xla", precision="fp32")
+    return compile_request(
+        target, module=small_cnn(), out_dir=out, signature=[IMAGE], feeds=feeds[:1], device="cuda"
+    )
+
+
+def test_a_cuda_module_is_exported_for_the_cuda_platform(
+    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # JAX lowers for the cuda platform without a GPU; XLA compiles the module for the GPU where it is
+    # loaded.
+    refused = r"JAX has no cuda device here: .+; run this target on a GPU node"
+    artifact = compile_for_a_stood_in_gpu("xla", _cuda_request(feeds, tmp_path), monkeypatch, refused)
+    o = artifact.options
+    assert (o["xlaDevice"], o["computeCapability"], o["stablehloPlatforms"]) == ("cuda", "9.0", "cuda")

@@ -1,6 +1,8 @@
-"""XLA backend for CPUs: the source module through `torch.export` here, then torchax (torch ->
-StableHLO through JAX) and `jax.export` in the backend's own environment (requirements/env-xla.txt:
-torchax 0.0.13 imports only with torch 2.9, the project has 2.15), run by JAX's XLA CPU runtime.
+"""XLA backend for CPUs and NVIDIA GPUs: the source module through `torch.export` here, then torchax
+(torch -> StableHLO through JAX) and `jax.export` in the backend's own environment
+(requirements/env-xla.txt: torchax 0.0.13 imports only with torch 2.9, the project has 2.15), run by
+JAX's XLA CPU runtime, or on a GPU class exported for the cuda platform and run by JAX's CUDA plugin
+(`xlaDevice`, the node's `computeCapability`; BackendUnavailable without a GPU).
 
 How the model reaches the environment: a `torch.export.save` file, as litert's does. torch 2.9
 loads the project's torch 2.15 files (checked on the small CNN, ResNet-50 and BERT-base: same
@@ -31,7 +33,13 @@ import tempfile
 from pathlib import Path
 
 from kompile.api.catalog.xla import XlaOptions
-from kompile.compile_jobs.backends.base import Backend, CompiledArtifact, CompileRequest, options_of
+from kompile.compile_jobs.backends.base import (
+    Backend,
+    BackendUnavailable,
+    CompiledArtifact,
+    CompileRequest,
+    options_of,
+)
 from kompile.compile_jobs.backends.executorch import device_example
 from kompile.compile_jobs.env_backend import (
     EnvRunner,
@@ -40,6 +48,7 @@ from kompile.compile_jobs.env_backend import (
     load_in_environment,
     save_program,
 )
+from kompile.compile_jobs.hardware import local_cuda_capability
 
 ENVIRONMENT = "xla"
 
@@ -50,16 +59,36 @@ class XlaBackend(Backend):
     def compile(self, request: CompileRequest) -> CompiledArtifact:
         self.check_request(request)
         args, record = device_example(request, self.name, options_of(request, XlaOptions).intra_op_threads)
+        record["xlaDevice"] = request.device
+        if request.device == "cuda":
+            capability = local_cuda_capability()
+            if capability is None:
+                raise BackendUnavailable(
+                    "xla for cuda exports for this node's NVIDIA GPU and validates on it; torch sees none "
+                    "here (torch.cuda.is_available() is False): run this target on a GPU node"
+                )
+            record["computeCapability"] = f"{capability[0]}.{capability[1]}"
         out = request.out_dir / "model.xla"
         request.out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="xla-", dir=request.out_dir) as tmp:
             scratch = Path(tmp)
             save_program(request, args, scratch / "program.pt2", "an XLA module")
-            record.update(compile_in_environment(ENVIRONMENT, scratch, args, out, request.target.precision))
+            record.update(
+                compile_in_environment(
+                    ENVIRONMENT,
+                    scratch,
+                    args,
+                    out,
+                    request.target.precision,
+                    options={"device": request.device},
+                )
+            )
         return built_in_environment(self, out, record)
 
     def load(self, artifact: CompiledArtifact, threads: int | None = None, device: str = "cpu") -> EnvRunner:
-        return load_in_environment(artifact, threads, ENVIRONMENT)
+        return load_in_environment(
+            artifact, threads, ENVIRONMENT, load={"device": artifact.options.get("xlaDevice", "cpu")}
+        )
 
 
 BACKEND = XlaBackend()

@@ -1,5 +1,5 @@
 """The `xla` environment's steps (requirements/env-xla.txt: torch 2.9, torchax 0.0.13, jax and
-jaxlib 0.10.2), served by kompile.compile_jobs.env_runner.
+jaxlib 0.10.2 with its CUDA 12 plugin), served by kompile.compile_jobs.env_runner.
 
 - compile: the torch.export program (saved by the pipeline at static shapes) is decomposed to the
   ATen ops torchax lowers, interpreted node by node into JAX (each node's failure names the node,
@@ -11,6 +11,8 @@ jaxlib 0.10.2), served by kompile.compile_jobs.env_runner.
   portable StableHLO; the machine code is made where it runs). The XLA CPU runtime sizes its thread
   pool from the process's CPU affinity, so `threads` is honoured by narrowing the affinity of this
   process (its own process: nothing else runs in it) before JAX starts its CPU client;
+- on a GPU class (`device: cuda`) the module is exported for the `cuda` platform (lowering needs no
+  GPU) and loaded by JAX's CUDA plugin, which XLA compiles it for the GPU with;
 - run: one call with block_until_ready, timed in this process.
 
 JAX runs without 64-bit types (its default): int64 inputs (token ids) run as int32; the compile
@@ -30,7 +32,8 @@ import numpy as np
 from kompile.compile_jobs.env_protocol import StepFailed
 from kompile.compile_jobs.envs import FeedCache, read_arrays, write_arrays
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # jaxlib here is CPU-only: skip probing for others
+# CPU unless a load asks for cuda: JAX would otherwise probe its CUDA plugin at every start.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 Array = np.ndarray[Any, Any]
 
@@ -100,6 +103,30 @@ def _jax_function(program: Any) -> tuple[Any, list[Any]]:
     return run, weights
 
 
+def _cuda_devices(jax: Any) -> list[Any]:
+    """JAX's cuda devices, or StepFailed with the reason its CUDA plugin gave: where the plugin
+    fails to start (no driver, no GPU), JAX only logs that error and then fails an assertion."""
+    import logging
+
+    failures: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            err = record.exc_info[1] if record.exc_info else None
+            failures.append(_first_line(err) if err else record.getMessage())
+
+    log = logging.getLogger("jax._src.xla_bridge")
+    handler = Keep(logging.WARNING)
+    log.addHandler(handler)
+    try:
+        return list(jax.devices("cuda"))
+    except (RuntimeError, AssertionError) as err:
+        why = failures[-1] if failures else _first_line(err)
+        raise StepFailed(f"JAX has no cuda device here: {why}; run this target on a GPU node") from err
+    finally:
+        log.removeHandler(handler)
+
+
 class Steps:
     def __init__(self) -> None:
         self.compiled: Any = None
@@ -118,10 +145,13 @@ class Steps:
                 f"{Path(req['program']).name}: {_first_line(err)}"
             ) from err
         example = read_arrays(req["example"])
+        # The platform the module is lowered for: this CPU-only JAX lowers for cuda too (XLA compiles
+        # it for the GPU where it is loaded).
+        platform = (req.get("options") or {}).get("device", "cpu")
         try:
             run, _ = _jax_function(program)
             shapes = [jax.ShapeDtypeStruct(a.shape, jax.dtypes.canonicalize_dtype(a.dtype)) for a in example]
-            exported = jax.export.export(jax.jit(run))(*shapes)
+            exported = jax.export.export(jax.jit(run), platforms=[platform])(*shapes)
         except Unlowered as err:
             # torch.fx appends the graph around the node on more lines: the first says it all.
             raise StepFailed(f"torchax could not lower the model to StableHLO at {_first_line(err)}") from err
@@ -136,12 +166,18 @@ class Steps:
         }
 
     def op_load(self, req: dict[str, Any]) -> dict[str, Any]:
-        threads = int(req["threads"])
+        threads, device = int(req["threads"]), req.get("device", "cpu")
         cores = sorted(os.sched_getaffinity(0))
-        if 0 < threads < len(cores):
+        if device == "cuda":
+            # Before JAX starts: its CUDA plugin (jax-cuda12-plugin) makes the only client.
+            os.environ["JAX_PLATFORMS"] = "cuda"
+        elif 0 < threads < len(cores):
             # Before JAX makes its CPU client: XLA sizes its thread pool from this affinity.
             os.sched_setaffinity(0, cores[:threads])
         import jax
+
+        if device == "cuda":
+            _cuda_devices(jax)
 
         try:
             exported = jax.export.deserialize(bytearray(Path(req["model"]).read_bytes()))
