@@ -189,3 +189,23 @@ RUN python3 -m pip install --no-cache-dir -c requirements/lock.txt ".[torch,onnx
 COPY examples/models models
 USER 65532:65532
 ENTRYPOINT ["kompile-job"]
+
+# ---------------------------------------------------------------------------------------------------
+# The GPU compile image plus the own environments of the backends that also build for NVIDIA GPUs
+# (the catalog entries with an environment and the cuda device: iree, tvm, xla), each at
+# /opt/kompile/envs/<name> where KOMPILE_ENVS_DIR finds it: the operator's KOMPILE_GPU_ENVS_IMAGE
+# (default ghcr.io/kompile/compile-gpu-envs:0.1.0) runs a GPU target with such a candidate here.
+# Their pins have Python 3.12 wheels (this image's Python); where the container's Python has no
+# ensurepip, setup-backend-env.sh makes the venv without pip and installs pip with the system's.
+FROM compile-gpu AS compile-gpu-envs
+USER 0
+WORKDIR /opt/kompile
+COPY requirements/env-iree.txt requirements/env-tvm.txt requirements/env-xla.txt requirements/
+COPY scripts/setup-backend-env.sh scripts/setup-backend-env.sh
+RUN for name in iree tvm xla; do \
+        PIP_NO_CACHE_DIR=1 KOMPILE_CACHE=/opt/kompile/envs scripts/setup-backend-env.sh "$name" > /tmp/env-path \
+        && ln -s "$(cat /tmp/env-path)" "/opt/kompile/envs/$name" || exit 1; \
+    done && rm -f /tmp/env-path
+ENV KOMPILE_ENVS_DIR=/opt/kompile/envs
+USER 65532:65532
+ENTRYPOINT ["kompile-job"]

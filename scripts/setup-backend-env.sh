@@ -19,7 +19,13 @@ env="${KOMPILE_CACHE:-$HOME/.cache/kompile}/env-$name-$key"
 if [ ! -x "$env/bin/python" ] || [ ! -f "$env/.complete" ]; then
   echo ">> creating $env from $pins (first run: torch is several GB, allow ~10 minutes)" >&2
   rm -rf "$env"
-  python3 -m venv "$env"
+  if ! python3 -m venv "$env" 2>/dev/null; then
+    # A Python without ensurepip (Debian's python3-venv not installed, as in NVIDIA's containers):
+    # the venv without pip, then pip put into it by the system's pip (pip >= 22.3: --python).
+    rm -rf "$env"
+    python3 -m venv --without-pip "$env"
+    python3 -m pip --python "$env/bin/python" install -q pip
+  fi
   "$env/bin/python" -m pip install -q -U pip
   "$env/bin/python" -m pip install -q --progress-bar off --no-deps -r "$pins"
   "$env/bin/python" -m pip check >&2

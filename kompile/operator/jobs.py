@@ -86,14 +86,19 @@ def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Setti
 
 
 def compile_image(rt: ResolvedTarget, settings: Settings) -> str:
-    """The compile image of a target: the GPU one; else, when its candidates need own environments,
+    """The compile image of a target: the GPU one (KOMPILE_GPU_ENVS_IMAGE where a candidate needs an
+    own environment); else, when its candidates need own environments,
     the image KOMPILE_ENV_IMAGES names for that environment (or that `+`-joined set), else for
     several the image that carries every environment (KOMPILE_ENVS_IMAGE): each of them carries the
     CPU image's backends too, so every candidate builds in one Job; else the CPU one. The CPU image
     is one multi-arch tag (the Dockerfile's compile-cpu stage, built for amd64 and arm64): each node
     pulls its own architecture's variant, and the Job's nodeSelector pins the architecture."""
     if rt.gpu:
-        return settings.gpu_image
+        # TensorRT's image; with the own environments of the backends that also build for cuda
+        # when a candidate needs one.
+        entries = [CATALOG[b] for b in backends_of(rt.target, "cuda", rt.arch)]
+        cuda = {e.environment for e in entries if e.environment and "cuda" in e.devices}
+        return settings.gpu_envs_image if cuda else settings.gpu_image
     needed = sorted({e for b in backends_of(rt.target, "cpu", rt.arch) if (e := CATALOG[b].environment)})
     if not needed:
         return settings.cpu_image

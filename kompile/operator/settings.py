@@ -122,6 +122,10 @@ class Settings:
     serving_tensorrt_version: str | None = None
     """KOMPILE_SERVING_TENSORRT_VERSION: TensorRT version of the Triton runtime that serves, when a
     CompiledModel names none (spec.rollout.tensorrtVersion); unset: whatever the compile image has."""
+    gpu_envs_image: str = "ghcr.io/kompile/compile-gpu-envs:0.1.0"
+    """KOMPILE_GPU_ENVS_IMAGE: compile image for a GPU target whose candidates include a backend with
+    its own environment (iree, tvm, xla on cuda): the Dockerfile's compile-gpu-envs stage, the GPU
+    image plus those environments."""
     triton_runtime_version: str | None = None
     """KOMPILE_TRITON_RUNTIME_VERSION: Triton release for TensorRT InferenceServices (runtimeVersion,
     for example 25.10-py3) where kompile.operator.tensorrt_match's table has no row for the version."""
@@ -144,6 +148,7 @@ class Settings:
             gpu_image=e.get("KOMPILE_GPU_IMAGE", d.gpu_image),
             env_images=env_images,
             envs_image=e.get("KOMPILE_ENVS_IMAGE") or d.envs_image,
+            gpu_envs_image=e.get("KOMPILE_GPU_ENVS_IMAGE") or d.gpu_envs_image,
             image_pull_policy=e.get("KOMPILE_IMAGE_PULL_POLICY", d.image_pull_policy),
             artifact_store=e.get("KOMPILE_ARTIFACT_STORE", d.artifact_store),
             s3_endpoint=e.get("KOMPILE_S3_ENDPOINT") or None,

@@ -118,6 +118,17 @@ def test_deployment_is_hardened_and_configured() -> None:
     assert refs == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
 
 
+def test_the_environment_images_reach_the_operator_only_when_set() -> None:
+    def env_of(values: dict[str, Any]) -> dict[str, Any]:
+        (dep,) = of_kind(render(values), "Deployment")
+        return {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert not {"KOMPILE_ENVS_IMAGE", "KOMPILE_GPU_ENVS_IMAGE"} & set(env_of(NAMESPACED_VALUES))
+    images = {"cpu": "c:1", "gpu": "g:1", "allEnvironments": "all:1", "gpuEnvironments": "gpu-envs:1"}
+    env = env_of({**NAMESPACED_VALUES, "compileImages": images})
+    assert env["KOMPILE_ENVS_IMAGE"] == "all:1" and env["KOMPILE_GPU_ENVS_IMAGE"] == "gpu-envs:1"
+
+
 def test_namespaced_mode_grants_nothing_namespaced_cluster_wide() -> None:
     docs = render(NAMESPACED_VALUES)
     roles = of_kind(docs, "Role")

@@ -7,6 +7,7 @@ each becomes the candidate's reason, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,45 @@ def test_a_run_whose_environment_crashes_fails_the_target_with_its_stderr(
     target = _litert_run(kompile_run, write_manifest)  # the venv's python has no litert_torch
     assert target["phase"] == "Failed" and target["reason"] == "EnvironmentFailed", target
     assert "during compile" in target["message"] and "litert_torch" in target["message"]
+
+
+def test_the_setup_script_builds_an_environment_where_python_has_no_ensurepip(tmp_path: Path) -> None:
+    """NVIDIA's containers (the compile-gpu-envs image's base) may ship a Python without ensurepip,
+    where `python3 -m venv DIR` fails: the script makes the venv without pip and installs pip into
+    it with the system's. Stand-in: a python3 on PATH that fails `-m venv` as Debian's does
+    without python3-venv. The pins file holds no package (pip itself comes from PyPI)."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(root / "scripts" / "setup-backend-env.sh", tmp_path / "scripts")
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "env-empty.txt").write_text("# no packages\n")
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    real = shutil.which("python3")
+    assert real
+    (shim / "python3").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -m ] && [ "$2" = venv ] && [ "$3" != --without-pip ]; then\n'
+        '  echo "ensurepip is not available" >&2; exit 1\n'
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    (shim / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "KOMPILE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup-backend-env.sh"), "empty"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    built = Path(done.stdout.strip().splitlines()[-1])
+    assert (built / ".complete").is_file()
+    pip = subprocess.run(
+        [str(built / "bin" / "python"), "-m", "pip", "--version"], capture_output=True, text=True
+    )
+    assert pip.returncode == 0 and str(built) in pip.stdout

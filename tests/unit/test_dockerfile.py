@@ -28,11 +28,14 @@ STAGES = {
     "compile-xla": ["kompile-job"],
     "compile-envs": ["kompile-job"],
     "compile-gpu": ["kompile-job"],
+    "compile-gpu-envs": ["kompile-job"],
 }
 ENV_STAGES = {"compile-litert": "litert", "compile-iree": "iree", "compile-tvm": "tvm", "compile-xla": "xla"}
 """Stages that add a backend's own environment to the CPU image (no pip install of their own)."""
 ALL_ENVS_STAGE = "compile-envs"
 """The stage that adds every own environment (for targets whose candidates need several)."""
+GPU_ENVS_STAGE = "compile-gpu-envs"
+"""The GPU image plus the own environments of the backends that also build for cuda."""
 HEAVY = {"torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "tensorrt", "onnx"}
 
 
@@ -121,7 +124,7 @@ def pip_installs(amd64_only: bool = False) -> dict[str, tuple[str, set[str]]]:
 def test_installs_use_existing_extras_and_ci_lock() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     installs = pip_installs()
-    assert set(installs) == set(STAGES) - set(ENV_STAGES) - {ALL_ENVS_STAGE}
+    assert set(installs) == set(STAGES) - set(ENV_STAGES) - {ALL_ENVS_STAGE, GPU_ENVS_STAGE}
     setup_venv = (ROOT / "scripts" / "setup-venv.sh").read_text()
     for stage, (lock, wanted) in installs.items():
         assert wanted <= set(extras), f"{stage}: extras {wanted - set(extras)} not in pyproject.toml"
@@ -220,6 +223,23 @@ def test_the_all_environments_stage_builds_every_pinned_environment_where_the_pi
     for name in {e.environment for e in CATALOG.values() if e.environment}:
         assert (ROOT / "requirements" / f"env-{name}.txt").is_file(), name
     assert Settings().envs_image.split("/")[-1].startswith(f"{ALL_ENVS_STAGE}:")
+
+
+def test_the_gpu_environments_stage_builds_each_environment_a_cuda_backend_needs() -> None:
+    from kompile.api.catalog import CATALOG
+    from kompile.compile_jobs.environments import ENVS_DIR
+    from kompile.operator.settings import Settings
+
+    own = [(op, a) for s, op, a in instructions() if s == GPU_ENVS_STAGE]
+    assert ("FROM", "compile-gpu AS compile-gpu-envs") in own
+    cuda = sorted({e.environment for e in CATALOG.values() if e.environment and "cuda" in e.devices})
+    assert cuda == ["iree", "tvm", "xla"]
+    copied = next(a for op, a in own if op == "COPY" and a.startswith("requirements/"))
+    assert copied.split()[:-1] == [f"requirements/env-{name}.txt" for name in cuda]
+    run = next(a for op, a in own if op == "RUN")
+    assert f"for name in {' '.join(cuda)}; do" in run and "scripts/setup-backend-env.sh" in run
+    assert f"{ENVS_DIR}=/opt/kompile/envs" in [a for op, a in own if op == "ENV"]
+    assert Settings().gpu_envs_image.split("/")[-1].startswith(f"{GPU_ENVS_STAGE}:")
 
 
 def test_dockerignore_lets_in_what_is_copied_and_nothing_secret() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC
 from typing import Any
 
@@ -207,6 +208,24 @@ def test_a_target_needing_several_environments_runs_in_the_image_that_has_them_a
     custom = Settings.from_env({"KOMPILE_ENV_IMAGES": "litert+xla=example/edge-and-xla:1"})
     assert compile_image(both, custom) == "example/edge-and-xla:1"
     assert compile_image(both, Settings.from_env({"KOMPILE_ENVS_IMAGE": "example/all:2"})) == "example/all:2"
+
+
+def test_a_gpu_target_with_an_own_environment_backend_runs_in_the_gpu_environments_image() -> None:
+    """tvm, iree and xla build for cuda in their own environments, which TensorRT's compile-gpu
+    image lacks: their GPU targets get KOMPILE_GPU_ENVS_IMAGE (compile-gpu-envs); auto keeps the
+    GPU image."""
+    model = cm(fleet={"enabled": True, "precisions": ["fp32"]})
+    auto = next(r for r in resolve_targets(model.spec, discover(FLEET)) if r.gpu)
+    settings = Settings.from_env({"KOMPILE_GPU_IMAGE": "example/gpu:1"})
+    assert compile_image(auto, settings) == "example/gpu:1"
+    for backend in ("iree", "tvm", "xla"):
+        named = replace(auto, target=auto.target.model_copy(update={"backend": backend}))
+        assert compile_image(named, settings) == "ghcr.io/kompile/compile-gpu-envs:0.1.0", backend
+        custom = Settings.from_env({"KOMPILE_GPU_ENVS_IMAGE": "example/gpu-envs:2"})
+        assert compile_image(named, custom) == "example/gpu-envs:2"
+    # A CPU-only environment backend named on a GPU class offers no cuda candidate: the GPU image.
+    litert = replace(auto, target=auto.target.model_copy(update={"backend": "litert"}))
+    assert compile_image(litert, settings) == "example/gpu:1"
 
 
 def test_gpu_class_auto_target_gets_a_cuda_job_on_the_gpu_image() -> None:
