@@ -40,6 +40,17 @@ class BackendUnavailable(BackendError):
     """The backend cannot run on this machine (missing package, no GPU)."""
 
 
+def node_gpu(backend: str, capability: tuple[int, int] | None) -> tuple[int, int]:
+    """The compute capability a backend's cuda build targets and validates on (`capability`, the
+    node's GPU as hardware.local_cuda_capability probes it); BackendUnavailable where it has none."""
+    if capability is None:
+        raise BackendUnavailable(
+            f"{backend} for cuda builds for this node's NVIDIA GPU and validates on it; torch sees none "
+            "here (torch.cuda.is_available() is False): run this target on a GPU node"
+        )
+    return capability
+
+
 @dataclass
 class CompileRequest:
     """Everything a backend needs to build one target's artifact."""

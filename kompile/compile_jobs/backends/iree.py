@@ -40,10 +40,10 @@ from kompile.api.catalog.iree import IreeOptions
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
-    BackendUnavailable,
     CompiledArtifact,
     CompileRequest,
     Feeds,
+    node_gpu,
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
@@ -168,12 +168,7 @@ class IreeBackend(Backend):
         opts = options_of(request, IreeOptions)
         device: dict[str, str]
         if request.device == "cuda":
-            capability = local_cuda_capability()
-            if capability is None:
-                raise BackendUnavailable(
-                    "iree for cuda compiles for this node's NVIDIA GPU and validates on it; torch sees "
-                    "none here (torch.cuda.is_available() is False): run this target on a GPU node"
-                )
+            capability = node_gpu(self.name, local_cuda_capability())
             target = cuda_target(capability)
             flags = cuda_flags(opts, target)
             device = {

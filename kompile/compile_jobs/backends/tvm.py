@@ -47,10 +47,10 @@ from kompile.api.catalog.tvm import TvmOptions
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
-    BackendUnavailable,
     CompiledArtifact,
     CompileRequest,
     Feeds,
+    node_gpu,
     options_of,
 )
 from kompile.compile_jobs.backends.executorch import static_example
@@ -147,7 +147,8 @@ class TvmBackend(Backend):
         )
         wire = {**opts.record(), **class_options(threads)}
         if request.device == "cuda":
-            wire.update(device="cuda", computeCapability=gpu_capability())
+            capability = node_gpu(self.name, local_cuda_capability())
+            wire.update(device="cuda", computeCapability=f"{capability[0]}.{capability[1]}")
             record.update(tvmDevice="cuda", computeCapability=wire["computeCapability"])
         try:
             target = target_string(target_for(wire))
@@ -208,17 +209,6 @@ class TvmBackend(Backend):
             shapes,
             artifact.options.get("tvmDevice", "cpu"),
         )
-
-
-def gpu_capability() -> str:
-    """This node's GPU's compute capability ('9.0'), which the cuda target builds for."""
-    capability = local_cuda_capability()
-    if capability is None:
-        raise BackendUnavailable(
-            "tvm for cuda builds for this node's NVIDIA GPU and validates on it; torch sees none here "
-            "(torch.cuda.is_available() is False): run this target on a GPU node"
-        )
-    return f"{capability[0]}.{capability[1]}"
 
 
 BACKEND = TvmBackend()

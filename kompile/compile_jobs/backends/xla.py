@@ -35,9 +35,9 @@ from pathlib import Path
 from kompile.api.catalog.xla import XlaOptions
 from kompile.compile_jobs.backends.base import (
     Backend,
-    BackendUnavailable,
     CompiledArtifact,
     CompileRequest,
+    node_gpu,
     options_of,
 )
 from kompile.compile_jobs.backends.executorch import device_example
@@ -61,12 +61,7 @@ class XlaBackend(Backend):
         args, record = device_example(request, self.name, options_of(request, XlaOptions).intra_op_threads)
         record["xlaDevice"] = request.device
         if request.device == "cuda":
-            capability = local_cuda_capability()
-            if capability is None:
-                raise BackendUnavailable(
-                    "xla for cuda exports for this node's NVIDIA GPU and validates on it; torch sees none "
-                    "here (torch.cuda.is_available() is False): run this target on a GPU node"
-                )
+            capability = node_gpu(self.name, local_cuda_capability())
             record["computeCapability"] = f"{capability[0]}.{capability[1]}"
         out = request.out_dir / "model.xla"
         request.out_dir.mkdir(parents=True, exist_ok=True)
