@@ -4,6 +4,8 @@ the module validated against eager and timed by JAX's XLA CPU runtime in that en
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,32 @@ def test_a_cuda_module_is_exported_for_the_cuda_platform(
     artifact = compile_for_a_stood_in_gpu("xla", _cuda_request(feeds, tmp_path), monkeypatch, refused)
     o = artifact.options
     assert (o["xlaDevice"], o["computeCapability"], o["stablehloPlatforms"]) == ("cuda", "9.0", "cuda")
+    # Full fp32 asked of every convolution and matmul: XLA's default runs them in TF32 on NVIDIA
+    # GPUs, which put MobileNetV2's logits 0.0185 off on an H100 (the fp32 gate allows 1e-3).
+    assert o["matmulPrecision"] == "highest"
+    assert _precisions(artifact.model_path) == {"HIGHEST"}
+
+
+def _precisions(module: Path) -> set[str]:
+    """The precisions the serialized module's convolutions and dot products ask for."""
+    from kompile.compile_jobs.environments import find_environment
+
+    code = (
+        "import re, sys, jax\n"
+        "text = jax.export.deserialize(bytearray(open(sys.argv[1], 'rb').read())).mlir_module()\n"
+        "kinds = ('stablehlo.convolution', 'stablehlo.dot_general')\n"
+        "ops = [ln for ln in text.splitlines() if any(k in ln for k in kinds)]\n"
+        "assert ops, 'no convolution or dot'\n"
+        "print(' '.join(sorted({p for ln in ops for p in re.findall(r'(DEFAULT|HIGH|HIGHEST)\\b', ln)} "
+        "| ({'NONE'} if any('precision' not in ln for ln in ops) else set()))))\n"
+    )
+    python = find_environment("xla") / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-c", code, str(module)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(done.stdout.split())
