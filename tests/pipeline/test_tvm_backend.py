@@ -103,6 +103,60 @@ def test_untuned_so_matches_eager_and_is_timed_in_its_environment(feeds: list[Fe
     runner.close()
 
 
+def test_a_library_loads_and_runs_with_tvms_runtime_alone(
+    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Loading needs TVM's runtime only, not its 259 MB compiler library: `tvm.relax` (imported by
+    # the load step before) fails without it ("module 'tvm.ir._ffi_api' has no attribute
+    # 'RegisterOpAttr'"), the runtime's VirtualMachine does not.
+    artifact, runner, _ = _build(_cnn(10), feeds, tmp_path, tmp_path / "db", tuningTrials="0")
+    expected = runner.run(feeds[0])
+    runner.close()
+    monkeypatch.setenv("TVM_USE_RUNTIME_LIB", "1")
+    alone = get_backend("tvm").load(artifact)
+    try:
+        np.testing.assert_array_equal(alone.run(feeds[0])[0], expected[0])
+    finally:
+        alone.close()
+
+
+_KERNEL = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }'
+_RUNTIME_ALONE_NVRTC = f"""
+import json
+from kompile.compile_jobs.envs import tvm_cuda
+tvm_cuda.prepare()
+import tvm_ffi
+from tvm.base import _LOADED_LIBS
+from tvm.support import nvcc
+try:
+    nvcc.tvm_callback_cuda_compile({_KERNEL!r})
+    own = "compiled"
+except AttributeError as err:
+    own = str(err)
+tvm_cuda.compile_for("9.0")
+cubin = bytes(tvm_ffi.get_global_func("tvm_callback_cuda_compile")({_KERNEL!r}))
+print(json.dumps({{"libs": sorted(_LOADED_LIBS), "own": own, "elf": cubin[:4] == b"\\x7fELF"}}))
+"""
+
+
+def test_the_runtime_compiles_cuda_kernels_for_the_gpu_it_loads_on_without_tvms_compiler() -> None:
+    # On an H100 with TVM's runtime alone, TVM's own NVRTC callback failed every CUDA library's load:
+    # it asks the compiler library's current Target for the arch. The load step binds the callback
+    # to the GPU's sm_XY (from the device); NVRTC needs no GPU, so this runs here.
+    from kompile.compile_jobs.environments import find_environment
+
+    python = find_environment("tvm") / "bin" / "python"
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(
+        [str(python), "-c", _RUNTIME_ALONE_NVRTC], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["libs"] == ["tvm_runtime"]
+    assert "TargetCurrent" in got["own"]
+    assert got["elf"] is True
+
+
 def test_a_bert_export_imports_after_folding_and_honours_the_mask(tmp_path: Path) -> None:
     # The TorchScript exporter's BERT attention mask holds a ConstantOfShape of an empty shape and an
     # Expand to a computed shape with -1, which TVM's Relax ONNX frontend cannot import as they are

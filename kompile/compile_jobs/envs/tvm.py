@@ -158,7 +158,7 @@ class Steps:
         if cuda:
             tvm_cuda.prepare()
         import tvm
-        from tvm import relax
+        from tvm.runtime.vm import VirtualMachine  # runtime only: loads without TVM's compiler library
 
         # On cuda the device first: a library with CUDA kernels does not load without its runtime.
         self.device = tvm_cuda.device() if cuda else tvm.cpu()
@@ -168,7 +168,7 @@ class Steps:
             raise StepFailed(
                 f"TVM cannot load {Path(req['model']).name}: {_first_line(err)}; rebuild it"
             ) from err
-        self.vm = relax.VirtualMachine(lib, self.device)
+        self.vm = VirtualMachine(lib, self.device)
         arity = int(self.vm._get_function_arity("main"))
         self.inputs = [str(self.vm._get_function_param_name("main", i)) for i in range(arity)]
         self.feeds.clear()

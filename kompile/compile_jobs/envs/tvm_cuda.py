@@ -68,7 +68,24 @@ def device() -> Any:
     dev = tvm.cuda(0)
     if not dev.exist:
         raise StepFailed("the TVM runtime has no cuda device here: the driver sees no GPU")
+    compile_for(dev.compute_version)
     return dev
+
+
+def compile_for(compute_version: str) -> None:
+    """Bind the runtime's NVRTC callback to this GPU's sm_XY. TVM's own callback asks the compiler
+    library's current Target for the arch first, so a runtime-only install (TVM without its 259 MB
+    libtvm_compiler.so, what loading an artifact needs) failed every CUDA library's load on an H100
+    with "module 'tvm.target._ffi_api' has no attribute 'TargetCurrent'"."""
+    import tvm_ffi
+    from tvm.support import nvcc
+
+    arch = "sm_" + compute_version.replace(".", "")
+
+    def compile_cuda(code: str) -> bytes:
+        return bytes(nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc"))
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
 
 
 def check_kernels(executable: Any, arch: str) -> dict[str, str]:
