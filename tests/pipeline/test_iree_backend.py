@@ -153,7 +153,18 @@ def test_flags_come_from_the_class_isa_and_refuse_file_flags() -> None:
         "--iree-opt-strip-assertions",
         "--iree-llvmcpu-enable-ukernels=all",
     ]
-    for bad in ("--iree-hal-dump-executable-binaries-to=/tmp", "-o=/x", "--mlir-print-ir-after-all"):
+    # A word of the flag's name says it touches files, not a part of one: "direct" is no "dir".
+    assert extra_flags("--iree-codegen-llvmgpu-use-direct-convolution=true") == [
+        "--iree-codegen-llvmgpu-use-direct-convolution=true"
+    ]
+    for bad in (
+        "--iree-hal-dump-executable-binaries-to=/tmp",
+        "--iree-codegen-tuning-spec-path=/x.mlir",
+        "--iree-llvmcpu-embedded-linker-path=/bin/ld",
+        "--iree-hal-executable-object-search-paths=/x",
+        "-o=/x",
+        "--mlir-print-ir-after-all",
+    ):
         with pytest.raises(BackendError, match="option extraFlags"):
             extra_flags(bad)
     from kompile.api.catalog.iree import IreeOptions

@@ -73,7 +73,12 @@ CLASS_TARGETS: dict[str, tuple[str, str]] = {
 TUNED = ("--iree-opt-data-tiling", "--iree-global-opt-use-im2col-for-convs")
 # An expert's extra flags: iree-compile options only, none that writes or reads a file.
 _EXTRA = re.compile(r"--iree-[a-z0-9-]+(=[A-Za-z0-9_.,+=-]*)?")
-_FILE_FLAG = re.compile(r"dump|output|export|save|path|file|dir|import|link|plugin|tool", re.IGNORECASE)
+# A flag is refused where a word of its name says it touches files (--iree-hal-dump-executable-files-to);
+# whole words, since "dir" is also the start of "direct" (--iree-codegen-llvmgpu-use-direct-convolution).
+_FILE_FLAG = re.compile(
+    r"(?:^|-)(?:dump|output|export|save|paths?|files?|dirs?|directory|import|link|linker|plugins?|tools?)(?:-|$)",
+    re.IGNORECASE,
+)
 
 
 # The CUDA targets IREE 3.13 has GPU details for (`--iree-cuda-target=sm_90` and sm_100 to sm_110
