@@ -1,0 +1,61 @@
+"""benchmarks/compiler_stacks_gpu.py end to end where no GPU is needed: `build` compiles the small
+CNN with iree, tvm and xla for an H100 (the GPU probe stood in), `measure` speaks to each
+environment's process as a compile Job does and, on a machine without a GPU, reports each
+environment's own refusal instead of figures (on a GPU node it validates and times them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kompile.compile_jobs.environments import find_environment
+from tests.pipeline.conftest import require_environment
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "compiler_stacks_gpu.py"
+BACKENDS = ("iree", "tvm", "xla")
+
+
+def _run(*args: str) -> dict:  # type: ignore[type-arg]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict = json.loads(done.stdout)  # type: ignore[type-arg]
+    return report
+
+
+def test_build_for_an_h100_here_then_measure_reports_each_environments_refusal(tmp_path: Path) -> None:
+    for name in BACKENDS:
+        require_environment(name)
+    import torch
+
+    built = _run("build", "--out", str(tmp_path), "--models", "small-cnn", "--capability", "9.0")
+    files = {e["backend"]: e for e in built["artifacts"]}
+    assert set(files) == set(BACKENDS) and all("error" not in e for e in files.values())
+    assert files["iree"]["options"]["halDevice"] == "cuda"
+    assert files["tvm"]["options"]["tvmTarget"] == "cuda -arch=sm_90"
+    assert files["xla"]["options"]["matmulPrecision"] == "highest"
+    assert (tmp_path / "small-cnn-feed.npz").is_file() and (tmp_path / "small-cnn-reference.npz").is_file()
+
+    pythons = [f"--python={n}={find_environment(n) / 'bin' / 'python'}" for n in BACKENDS]
+    quick = ["--no-peers", "--iterations", "3", "--warmup", "0"]
+    report = _run("measure", "--dir", str(tmp_path), *quick, *pythons)
+    rows = {r["runtime"]: r for r in report["results"]}
+    assert set(rows) == set(BACKENDS)
+    assert report["versions"]["tvm"]["apache-tvm"] == "0.27.0.post1"
+    gpu = torch.cuda.is_available()
+    for name, row in rows.items():
+        if gpu:
+            assert row["validation"]["passed"] and row["p50_ms"] > 0, (name, row)
+        else:
+            assert "no cuda device here" in row["error"], (name, row)
