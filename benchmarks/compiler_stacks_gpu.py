@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 from kompile.compile_jobs.env_protocol import RUNNER_MODULE, decode, encode  # noqa: E402
+from kompile.compile_jobs.hardware import cpu_description  # noqa: E402
 
 BACKENDS = ("iree", "tvm", "xla")
 MODELS = ("small-cnn", "mobilenet-v2", "resnet50")
@@ -309,18 +310,6 @@ def gpu_name() -> str:
         return "unknown"
 
 
-def host_isa() -> str:
-    """The host CPU's model and vector extensions (/proc/cpuinfo), printed beside the figures."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return "unknown"
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-    wanted = {"avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16"}
-    return f"{model}: " + " ".join(f for f in flags if f in wanted or f.startswith("amx"))
-
-
 def versions(python: str, site: str | None, names: list[str]) -> dict[str, str]:
     """The versions of `names` as a backend's process sees them (its site first)."""
     env = dict(os.environ)
@@ -376,7 +365,7 @@ def measure(
             row["speedup_vs_eager"] = round(eager["p50_ms"] / row["p50_ms"], 3)
     return {
         "gpu": gpu_name(),
-        "host_cpu": host_isa(),
+        "host_cpu": cpu_description(),
         "iterations": iterations,
         "warmup": warmup,
         "timed": "call to outputs on the host, inputs already on the device, batch as built",

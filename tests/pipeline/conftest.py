@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -161,6 +163,24 @@ def require_environment(name: str) -> None:
         find_environment(name)
     except EnvironmentMissing as missing:
         pytest.fail(str(missing))
+
+
+def run_in_environment(name: str, args: list[str], scratch: Path, **env: str) -> str:
+    """`python *args` run by environment `name`'s python as its steps run (kompile importable beside
+    the environment's own packages, nothing of the project venv's), with `env` added; its stdout,
+    the test failing with its stderr tail where it fails."""
+    from kompile.compile_jobs.environments import _kompile_only_path, find_environment
+
+    done = subprocess.run(
+        [str(find_environment(name) / "bin" / "python"), *args],
+        env={**os.environ, "PYTHONPATH": str(_kompile_only_path(scratch)), "PYTHONNOUSERSITE": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 def build_and_compare(

@@ -7,8 +7,6 @@ kept in step with a store (file:// and the real S3-compatible server)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from tests.pipeline.conftest import (
     cnn_feeds,
     compile_for_a_stood_in_gpu,
     require_environment,
+    run_in_environment,
     torchscript_onnx,
 )
 
@@ -139,19 +138,14 @@ print(json.dumps({{"libs": sorted(_LOADED_LIBS), "own": own, "elf": cubin[:4] ==
 """
 
 
-def test_the_runtime_compiles_cuda_kernels_for_the_gpu_it_loads_on_without_tvms_compiler() -> None:
+def test_the_runtime_compiles_cuda_kernels_for_the_gpu_it_loads_on_without_tvms_compiler(
+    tmp_path: Path,
+) -> None:
     # On an H100 with TVM's runtime alone, TVM's own NVRTC callback failed every CUDA library's load:
     # it asks the compiler library's current Target for the arch. The load step binds the callback
     # to the GPU's sm_XY (from the device); NVRTC needs no GPU, so this runs here.
-    from kompile.compile_jobs.environments import find_environment
-
-    python = find_environment("tvm") / "bin" / "python"
-    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    done = subprocess.run(
-        [str(python), "-c", _RUNTIME_ALONE_NVRTC], capture_output=True, text=True, env=env, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    stdout = run_in_environment("tvm", ["-c", _RUNTIME_ALONE_NVRTC], tmp_path, TVM_USE_RUNTIME_LIB="1")
+    got = json.loads(stdout.strip().splitlines()[-1])
     assert got["libs"] == ["tvm_runtime"]
     assert "TargetCurrent" in got["own"]
     assert got["elf"] is True
@@ -303,7 +297,6 @@ print(json.dumps(record))
 
 
 def test_a_graph_the_blocked_layout_refuses_is_built_as_exported(feeds: list[Feeds], tmp_path: Path) -> None:
-    from kompile.compile_jobs.environments import _kompile_only_path, find_environment
     from kompile.compile_jobs.envs import read_arrays, write_arrays
 
     torch.manual_seed(3)
@@ -319,16 +312,8 @@ def test_a_graph_the_blocked_layout_refuses_is_built_as_exported(feeds: list[Fee
     }
     script = tmp_path / "refusing_step.py"
     script.write_text(REFUSING_STEP)
-    done = subprocess.run(
-        [str(find_environment("tvm") / "bin" / "python"), str(script), json.dumps(request)],
-        env={**os.environ, "PYTHONPATH": str(_kompile_only_path(tmp_path)), "PYTHONNOUSERSITE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(done.stdout.strip().splitlines()[-1])
+    stdout = run_in_environment("tvm", [str(script), json.dumps(request)], tmp_path)
+    record = json.loads(stdout.strip().splitlines()[-1])
     assert record["activationLayout"] == "NCHW" and record["blockedConvolutions"] == "0"
     assert record["activationLayoutKept"].startswith("NCHW: the blocked layout failed (")
     assert "a stand-in refusal of the blocked layout" in record["activationLayoutKept"]

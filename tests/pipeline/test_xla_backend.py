@@ -4,8 +4,6 @@ the module validated against eager and timed by JAX's XLA CPU runtime in that en
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from tests.pipeline.conftest import (
     cnn_feeds,
     compile_for_a_stood_in_gpu,
     require_environment,
+    run_in_environment,
     run_static_target,
 )
 
@@ -113,8 +112,6 @@ def test_a_cuda_module_is_exported_for_the_cuda_platform(
 
 def _precisions(module: Path) -> set[str]:
     """The precisions the serialized module's convolutions and dot products ask for."""
-    from kompile.compile_jobs.environments import find_environment
-
     code = (
         "import re, sys, jax\n"
         "text = jax.export.deserialize(bytearray(open(sys.argv[1], 'rb').read())).mlir_module()\n"
@@ -124,13 +121,6 @@ def _precisions(module: Path) -> set[str]:
         "print(' '.join(sorted({p for ln in ops for p in re.findall(r'(DEFAULT|HIGH|HIGHEST)\\b', ln)} "
         "| ({'NONE'} if any('precision' not in ln for ln in ops) else set()))))\n"
     )
-    python = find_environment("xla") / "bin" / "python"
-    done = subprocess.run(
-        [str(python), "-c", code, str(module)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    return set(
+        run_in_environment("xla", ["-c", code, str(module)], module.parent, JAX_PLATFORMS="cpu").split()
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return set(done.stdout.split())

@@ -1,7 +1,7 @@
 """CUDA for the `tvm` environment's steps on GPU classes (kompile.compile_jobs.envs.tvm).
 
 TVM 0.27 ships a library's CUDA kernels as CUDA C: its runtime compiles them with NVRTC when the
-library is loaded (`tvm_callback_cuda_compile`, registered by importing `tvm.support.nvcc`), and
+library is loaded (the `tvm_callback_cuda_compile` global, which `device` binds to the GPU's arch), and
 its CUDA runtime module (libtvm_runtime_cuda.so, loaded by `import tvm` where it can be) links
 libcudart.so.13 and the driver's libcuda.so.1. The environment brings CUDA 13.0's runtime, NVRTC
 and CCCL headers as NVIDIA's wheels (requirements/env-tvm.in), which nothing finds by itself: this
@@ -52,7 +52,6 @@ def prepare() -> Path:
 def device() -> Any:
     """TVM's cuda device 0, or StepFailed saying why there is none (call after `prepare`)."""
     import tvm
-    import tvm.support.nvcc  # registers the NVRTC callback the runtime compiles with
     from tvm.base import _LOADED_LIBS
 
     if "tvm_runtime_cuda" not in _LOADED_LIBS:
