@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 from kompile.compile_jobs.env_protocol import RUNNER_MODULE, decode, encode  # noqa: E402
+from kompile.compile_jobs.envs import read_arrays, write_arrays  # noqa: E402
 from kompile.compile_jobs.hardware import cpu_description  # noqa: E402
 
 BACKENDS = ("iree", "tvm", "xla")
@@ -131,8 +132,8 @@ def build(out: Path, models: list[str], capability: tuple[int, int] | None) -> d
         module, signature, feed = model_case(model)
         with torch.no_grad():
             reference = module(torch.from_numpy(feed[0])).numpy()
-        np.savez(out / f"{model}-feed.npz", **{str(i): a for i, a in enumerate(feed)})
-        np.savez(out / f"{model}-reference.npz", **{"0": reference})
+        write_arrays(str(out / f"{model}-feed.npz"), feed)
+        write_arrays(str(out / f"{model}-reference.npz"), [reference])
         # The pipeline's own fp32 ONNX export, which iree and tvm compile (xla takes torch.export).
         source = LoadedSource(uri=model, format="torch", digest="", module=module)
         onnx_path, _ = export_onnx(source, signature, {"input": feed[0]}, out / "export" / f"{model}.onnx")
@@ -256,8 +257,8 @@ def measure_artifact(
         reply = env.ask({"op": "run", "feeds": feeds, "out": out})
         if not reply.get("ok"):
             return result | {"error": reply.get("error")}
-        with np.load(out) as got, np.load(folder / f"{entry['model']}-reference.npz") as ref:
-            result["validation"] = gate(ref["0"], got["0"])
+        reference = read_arrays(str(folder / f"{entry['model']}-reference.npz"))
+        result["validation"] = gate(reference[0], read_arrays(out)[0])
         for _ in range(warmup):
             env.ask({"op": "run", "feeds": feeds, "out": ""})
         timed = [env.ask({"op": "run", "feeds": feeds, "out": ""}) for _ in range(iterations)]
@@ -338,7 +339,10 @@ def measure(
     def where(name: str) -> tuple[str, str | None]:
         return pythons.get(name, sys.executable), sites.get(name)
 
-    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"no readable manifest.json in {folder} ({err}); run the build step first") from err
     rows: list[dict[str, Any]] = []
     with (folder / "environments.log").open("w", encoding="utf-8") as log:
         for entry in manifest["artifacts"]:
@@ -376,6 +380,16 @@ def measure(
     }
 
 
+def capability(text: str) -> tuple[int, int]:
+    """--capability MAJOR.MINOR (9.0 for an H100)."""
+    try:
+        major, minor = (int(p) for p in text.split("."))
+    except ValueError:
+        hint = "give the GPU's compute capability as MAJOR.MINOR, e.g. 9.0"
+        raise SystemExit(f"--capability {text!r}: {hint}") from None
+    return major, minor
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "peers":
         peer_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
@@ -397,9 +411,9 @@ def main() -> None:
     m.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.step == "build":
-        cap = tuple(int(p) for p in args.capability.split(".")) if args.capability else None
+        cap = capability(args.capability) if args.capability else None
         LEVELS[:] = [args.levels] if args.levels else []
-        report = build(args.out, args.models.split(","), cap)  # type: ignore[arg-type]
+        report = build(args.out, args.models.split(","), cap)
     else:
         sites = dict(s.split("=", 1) for s in args.site)
         pythons = dict(s.split("=", 1) for s in args.python)
