@@ -50,7 +50,16 @@ TVM_MODELS: set[str] = set()
 minutes of timing rounds."""
 
 
+STACKS: list[str] = []
+"""The other stacks built and timed beside TVM (--stacks, default all of `stacks()`): leaving IREE and
+XLA out saves their builds and timing rounds in a run about TVM."""
+
+
 def stacks() -> list[BuiltSpec]:
+    return [spec for spec in all_stacks() if not STACKS or spec[0] in STACKS]
+
+
+def all_stacks() -> list[BuiltSpec]:
     return [
         ("iree-default", "iree", "fp32", None, {"flags": "default"}),
         ("iree-tuned", "iree", "fp32", None, {"flags": "tuned"}),
@@ -106,12 +115,18 @@ def _budget(argv: list[str]) -> list[str]:
     p.add_argument("--tvm-models", default="resnet50")
     p.add_argument("--tvm-layouts", default="prepacked,as-is", help="weightLayout values, comma-separated")
     p.add_argument("--tvm-untuned", choices=["yes", "no"], default="yes")
+    p.add_argument("--tvm-winograd", choices=["on", "off"], default="off")
+    names = [spec[0] for spec in all_stacks()]
+    p.add_argument("--stacks", default=",".join(names), help="the other stacks timed beside TVM, or none")
     known, rest = p.parse_known_args(argv)
+    STACKS.extend(["none"] if known.stacks == "none" else known.stacks.split(","))
+    if unknown := set(STACKS) - {*names, "none"}:
+        p.error(f"--stacks: {', '.join(sorted(unknown))}; choose from {', '.join(names)} or none")
     TVM_UNTUNED[0] = known.tvm_untuned == "yes"
     TVM_LAYOUTS.extend(known.tvm_layouts.split(","))
     if unknown := set(TVM_LAYOUTS) - set(LAYOUT_NAMES):
         p.error(f"--tvm-layouts: {', '.join(sorted(unknown))}; choose from {', '.join(LAYOUT_NAMES)}")
-    BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes)
+    BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes, winograd=known.tvm_winograd)
     TVM_MODELS.update(known.tvm_models.split(","))
     return rest
 

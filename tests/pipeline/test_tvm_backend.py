@@ -242,6 +242,48 @@ def test_plain_convolutions_run_blocked_and_tuned_where_the_isa_allows(
     assert plain.options["blockedConvolutions"] == "0" and plain.options["activationLayout"] == "NCHW"
 
 
+class WinogradShapes(torch.nn.Module):
+    """Two 3x3 stride-1 convolutions with whole channel blocks (Winograd's shape), one on a 30x30
+    image (not a multiple of the 4x4 tile: the last tiles read zeros past the edge), beside a stem
+    (3 input channels) and a stride-2 3x3 that stay direct."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.wide = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.down = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.stem(x))
+        y = torch.relu(self.conv(y)) + y
+        y = torch.nn.functional.avg_pool2d(y, 3, stride=1)  # 32x32 -> 30x30
+        y = torch.relu(self.down(torch.relu(self.wide(y))))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def test_winograd_convolutions_match_eager_tuned_and_untuned(feeds: list[Feeds], tmp_path: Path) -> None:
+    torch.manual_seed(7)
+    model = WinogradShapes().eval()
+    for trials in ("0", "16"):
+        out = tmp_path / trials
+        artifact, runner, verdict = _build(
+            model, feeds, out, tmp_path / "db", tuningTrials=trials, tuningMinutes="5", winograd="on"
+        )
+        runner.close()
+        assert verdict.passed, verdict.failures
+        assert min(o.cosine for o in verdict.outputs) > 0.99999
+        assert max(o.max_abs_error for o in verdict.outputs) < 1e-4
+        o = artifact.options
+        assert o["winograd"] == "on" and o["winogradConvolutions"] == "2" and o["blockedConvolutions"] == "4"
+    # Tuned: the transformed weights are constants, prepacked for the batched matmul's schedule.
+    assert int(o["prepackedKernels"]) > 0
+    direct, runner, _ = _build(model, feeds, tmp_path / "direct", tmp_path / "db", tuningTrials="0")
+    runner.close()
+    assert direct.options["winograd"] == "off" and direct.options["winogradConvolutions"] == "0"
+
+
 class ChannelOps(torch.nn.Module):
     """Ops on the channel axis after blocked convolutions, which the layout conversion must carry in
     blocks or bring back to NCHW exactly: a split at 5 of 32 channels (inside a block), a concat with
@@ -282,7 +324,7 @@ import numpy as np
 import tvm
 from kompile.compile_jobs.envs import tvm as steps
 
-def refuse(mod, lanes):
+def refuse(mod, lanes, winograd):
     # Stand-in for a graph TVM's ConvertLayout refuses (none is known since the depthwise fix).
     raise tvm.error.InternalError("Check failed: a stand-in refusal of the blocked layout")
 

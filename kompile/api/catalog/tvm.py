@@ -39,6 +39,16 @@ class TvmOptions(BackendOptions):
         "1.1-1.5x faster than in NCHW); "
         "nchw: the ONNX layout. The database's records differ between the two: switching re-tunes.",
     )
+    winograd: Literal["off", "on"] = Field(
+        default="off",
+        description="on: blocked 3x3 stride-1 convolutions (channels a multiple of the lanes) as Winograd "
+        "F(4x4, 3x3): an input transform, one batched matmul per transform point on weights "
+        "transformed at build, an output transform; a quarter of the multiplications. Off by default: "
+        "at batch 1 on 2 cores it measured slower than the direct kernels at the same trials (the "
+        "transformed weights are 4x the direct ones, so small images' matmuls wait on memory; with "
+        "few channels the transforms cost what they save). The database's records differ: switching "
+        "re-tunes.",
+    )
     intra_op_threads: Count = Field(
         default=0,
         description="Threads of the TVM runtime at validation and timing, and the target's num-cores "

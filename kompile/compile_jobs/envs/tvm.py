@@ -3,7 +3,8 @@ onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
 
 - compile: the pipeline's fp32 ONNX export through the Relax ONNX frontend at the exported static
   shapes, its plain convolutions blocked (NCHW{lanes}c) unless `activationLayout: nchw`, its
-  weights marked layout-free unless `weightLayout: as-is`, then MetaSchedule
+  weights marked layout-free unless `weightLayout: as-is`, its 3x3 stride-1 convolutions as
+  Winograd F(4x4, 3x3) with `winograd: on` (kompile.compile_jobs.envs.tvm_winograd), then MetaSchedule
   (kompile.compile_jobs.envs.tvm_tuning) into the request's `state` folder, the hardware class's
   shared tuning database, within the target's trial and time budget; the database's best schedules
   are applied (also when no trial is run: what the fleet tuned before is free), their weight
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
-from kompile.compile_jobs.envs import FeedCache, read_arrays, tvm_cuda, write_arrays
+from kompile.compile_jobs.envs import FeedCache, read_arrays, tvm_cuda, tvm_winograd, write_arrays
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string, vector_lanes
 
 Array = np.ndarray[Any, Any]
@@ -92,10 +93,11 @@ class Steps:
         mod = import_onnx(req["program"], [a.shape for a in example])
         if target_json["kind"] == "cuda":
             return {"record": _compile_cuda(mod, target, target_json, Path(req["out"]))}
-        blocked, unblocked, lanes = 0, "", vector_lanes(options)
+        blocked, winograd, unblocked, lanes = 0, 0, "", vector_lanes(options)
+        wants_winograd = options.get("winograd", "off") == "on"
         if options.get("activationLayout", "blocked") == "blocked":
             try:
-                mod, blocked = block_convolutions(mod, lanes)
+                mod, blocked, winograd = block_convolutions(mod, lanes, wants_winograd)
             except TVM_ERRORS as err:
                 # The blocked layout is a speed-up: a graph it cannot convert is built as exported.
                 unblocked = _first_line(err)
@@ -114,6 +116,8 @@ class Steps:
             "weightLayout": "prepacked" if prepack else "as-is",
             "activationLayout": f"NCHW{lanes}c" if blocked else "NCHW",
             "blockedConvolutions": str(blocked),
+            "winograd": "on" if wants_winograd else "off",
+            "winogradConvolutions": str(winograd),
         }
         if unblocked:
             record["activationLayoutKept"] = f"NCHW: the blocked layout failed ({unblocked})"
@@ -218,14 +222,16 @@ def _compile_cuda(mod: Any, target: Any, target_json: dict[str, Any], out: Path)
     }
 
 
-def block_convolutions(mod: Any, lanes: int) -> tuple[Any, int]:
+def block_convolutions(mod: Any, lanes: int, winograd: bool = False) -> tuple[Any, int, int]:
     """The 2-D convolutions (groups 1, channels a multiple of `lanes`, or fewer input channels than
     `lanes`: a stem) in NCHW{lanes}c: the channel block is the innermost axis, one vector register
     wide, whatever the image's width. In NCHW a 1x1 convolution on a 7x7 or 14x14 image vectorizes
     along a row of 7 or 14 floats; in ResNet-50 the blocked layout made those tuned kernels 1.1-1.5x
     faster at the same trials, and its 7x7 stem 1.5x (as ONNX Runtime's NCHWc kernels are laid
     out). The pools, adds and activations between convolutions follow the layout; transforms stay
-    at the edges. Returns the module and how many convolutions were blocked."""
+    at the edges. With `winograd`, the blocked 3x3 stride-1 ones whose input channels are whole
+    blocks run as Winograd F(4x4, 3x3) (kompile.compile_jobs.envs.tvm_winograd). Returns the
+    module, how many convolutions were blocked and how many of those run as Winograd."""
     from tvm import relax, topi
 
     block = [f"NCHW{lanes}c", f"OIHW{lanes}o", f"NCHW{lanes}c"]
@@ -245,19 +251,35 @@ def block_convolutions(mod: Any, lanes: int) -> tuple[Any, int]:
             return plain  # a symbolic channel count
         if outputs % lanes:
             return plain
+        if (
+            winograd
+            and channels % lanes == 0
+            and tvm_winograd.eligible(
+                (int(call.args[1].ty.shape[2]), int(call.args[1].ty.shape[3])),
+                tuple(int(s) for s in call.attrs.strides),
+                tuple(int(d) for d in call.attrs.dilation),
+                int(call.attrs.groups),
+            )
+        ):
+            # The kernel stays OIHW, the mark legalize knows it by: it becomes Winograd's
+            # transformed kernel there.
+            return {"relax.nn.conv2d": [block[0], "OIHW", block[2]]}
         if channels < lanes:
             # A stem's few input channels (an image's 3) as one block: the input is read
             # channels-innermost and the output comes out blocked, as ONNX Runtime's NCHWc stem does.
             return {"relax.nn.conv2d": [f"NCHW{channels}c", f"OIHW{lanes}o", f"NCHW{lanes}c"]}
         return {"relax.nn.conv2d": block}
 
-    blocked = 0
+    blocked, transformed = 0, 0
 
     def legalize(bb: Any, call: Any) -> Any:
-        nonlocal blocked
+        nonlocal blocked, transformed
         if str(call.attrs.data_layout) == "NCHW":
             return call  # left to the default legalization
         blocked += 1
+        if str(call.attrs.kernel_layout) == "OIHW":  # pick()'s mark of a Winograd convolution
+            transformed += 1
+            return tvm_winograd.emit(bb, call, lanes)
         return bb.call_te(
             topi.nn.conv2d_NCHWc_OIHWo,
             data=call.args[0],
@@ -274,7 +296,7 @@ def block_convolutions(mod: Any, lanes: int) -> tuple[Any, int]:
     # The weights' layout transforms run once, here, on the constants.
     mod = relax.transform.FoldConstant()(relax.transform.Normalize()(mod))
     mod = relax.transform.LegalizeOps({"relax.nn.conv2d": legalize})(mod)
-    return mod, blocked
+    return mod, blocked, transformed
 
 
 def _fold_weight_rewrites(mod: Any) -> Any:
