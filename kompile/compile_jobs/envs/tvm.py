@@ -258,7 +258,6 @@ def block_convolutions(mod: Any, lanes: int, winograd: bool = False) -> tuple[An
                 (int(call.args[1].ty.shape[2]), int(call.args[1].ty.shape[3])),
                 tuple(int(s) for s in call.attrs.strides),
                 tuple(int(d) for d in call.attrs.dilation),
-                int(call.attrs.groups),
             )
         ):
             # The kernel stays OIHW, the mark legalize knows it by: it becomes Winograd's

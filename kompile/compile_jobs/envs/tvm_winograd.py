@@ -28,6 +28,7 @@ Imports only this environment's packages and numpy.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,15 +40,16 @@ KERNEL = 3
 ALPHA = TILE + KERNEL - 1
 
 
-def eligible(
-    kernel: tuple[int, int], strides: tuple[int, ...], dilation: tuple[int, ...], groups: int
-) -> bool:
-    """Whether a convolution has Winograd's shape: 3x3, stride 1, no dilation, no groups."""
-    return kernel == (KERNEL, KERNEL) and set(strides) == {1} and set(dilation) == {1} and groups == 1
+def eligible(kernel: tuple[int, int], strides: tuple[int, ...], dilation: tuple[int, ...]) -> bool:
+    """Whether a convolution has Winograd's shape: 3x3, stride 1, no dilation (the caller keeps
+    grouped convolutions out: they are never blocked)."""
+    return kernel == (KERNEL, KERNEL) and set(strides) == {1} and set(dilation) == {1}
 
 
+@functools.cache
 def matrices() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """A (6x4), B (6x6) and G (6x3) of F(4x4, 3x3), float32, from TOPI's Cook-Toom construction."""
+    """A (6x4), B (6x6) and G (6x3) of F(4x4, 3x3), float32, from TOPI's Cook-Toom construction;
+    built once per process, not once per convolution."""
     from tvm.topi.nn import winograd_util
 
     points = winograd_util._interpolation_points(TILE + KERNEL - 2)
@@ -169,9 +171,10 @@ def emit(bb: Any, call: Any, lanes: int) -> Any:
     padding = call.attrs.padding
     weights = bb.emit(bb.call_te(weight_transform, kernel, g, primfunc_name_hint="winograd_weight"))
     packed = bb.emit(bb.call_te(data_transform, data, b, padding, primfunc_name_hint="winograd_data"))
-    matmul = topi.nn.batch_matmul
     product = bb.emit(
-        bb.call_te(matmul, packed, weights, transpose_b=False, primfunc_name_hint="winograd_matmul")
+        bb.call_te(
+            topi.nn.batch_matmul, packed, weights, transpose_b=False, primfunc_name_hint="winograd_matmul"
+        )
     )
     return bb.call_te(
         output_transform, product, a, (n, height, width), padding, lanes, primfunc_name_hint="conv2d_winograd"
