@@ -20,6 +20,7 @@ from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
 from kompile.compile_jobs.backends.tvm import TvmRunner
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.build import compile_request
+from kompile.compile_jobs.envs import write_arrays
 from kompile.compile_jobs.envs.tvm_target import cuda_arch
 from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
 from tests.pipeline.conftest import (
@@ -136,6 +137,44 @@ tvm_cuda.compile_for("9.0")
 cubin = bytes(tvm_ffi.get_global_func("tvm_callback_cuda_compile")({_KERNEL!r}))
 print(json.dumps({{"libs": sorted(_LOADED_LIBS), "own": own, "elf": cubin[:4] == b"\\x7fELF"}}))
 """
+
+
+_PREPARE_CUDA = """
+import json, os, sys
+from importlib import metadata
+from pathlib import Path
+from kompile.compile_jobs.envs import tvm_cuda
+
+root = tvm_cuda.prepare()
+tvm_cuda.prepare()  # idempotent
+here = {"paths": os.environ["LD_LIBRARY_PATH"].split(os.pathsep), "lib": str(root / "lib"),
+        "cccl": os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"]}
+
+class CarriedCccl:  # CCCL's wheel in another folder than the CUDA runtime's (a GPU node's own CUDA)
+    def locate_file(self, path):
+        return Path(sys.argv[1]) / path
+
+real = metadata.distribution
+metadata.distribution = lambda name: CarriedCccl() if name == "nvidia-cuda-cccl" else real(name)
+tvm_cuda.prepare()
+here["carried"] = os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"]
+print(json.dumps(here))
+"""
+
+
+def test_cuda_is_prepared_for_the_processes_tuning_starts_and_finds_cccl_where_it_is(tmp_path: Path) -> None:
+    # MetaSchedule's builder and runner workers are new processes: libcudart.so.13's folder goes on
+    # LD_LIBRARY_PATH (the ctypes loads only reach this process), once. CCCL's headers are found in
+    # their own wheel's folder, which on an H100 node (its own CUDA runtime, CCCL carried) is not
+    # the runtime's.
+    carried = tmp_path / "nvidia" / "cu13" / "include" / "cccl"
+    carried.mkdir(parents=True)
+    got = json.loads(
+        run_in_environment("tvm", ["-c", _PREPARE_CUDA, str(tmp_path)], tmp_path).splitlines()[-1]
+    )
+    assert got["paths"][0] == got["lib"] and got["paths"].count(got["lib"]) == 1
+    assert Path(got["cccl"][2:], "cuda", "std").is_dir()
+    assert got["carried"] == f"-I{carried}"
 
 
 def test_the_runtime_compiles_cuda_kernels_for_the_gpu_it_loads_on_without_tvms_compiler(
@@ -394,11 +433,106 @@ def test_a_cuda_library_is_built_for_the_gpus_sm_and_its_kernels_checked_by_nvrt
     o = artifact.options
     assert (o["tvmDevice"], o["computeCapability"], o["tvmTarget"]) == ("cuda", "9.0", "cuda -arch=sm_90")
     assert o["pipeline"] == "dlight-default" and o["tuning"].startswith("none")
-    assert "tuningDatabase" not in o  # GPU classes are not tuned: nothing shared
+    # Built where the class's GPU is not (its probe stood in): no database is touched.
+    assert "tuningDatabase" not in o
     # Two convolutions (+ReLU), the pool and the classifier at least, each a CUDA kernel that NVRTC
     # compiled for sm_90 here (TVM's runtime compiles the same source on the GPU at load).
     assert int(o["cudaKernels"]) >= 4 and int(o["cudaCubinBytes"]) > 0
     assert b'extern "C" __global__' in artifact.model_path.read_bytes()
+
+
+# The GPU class's tuning in the environment, only the GPU stood in: the device probe answers and each
+# candidate's run returns a made-up time (named so below). Everything else is real: task extraction for
+# `cuda -arch=sm_90` with the per-block limits, the evolutionary search, the builder compiling each
+# candidate's CUDA, the database, its schedules applied, DLight for the rest and NVRTC's check. The
+# same flow tuned ResNet-50 on an H100 (docs/backends.md, tvm, "On a GPU class").
+_GPU_TUNING_STOOD_IN = """
+import json, sys
+from tvm.ir.utils import derived_object
+from kompile.compile_jobs.envs import tvm as steps, tvm_cuda, tvm_tuning
+
+real_runner = tvm_tuning.runner_for
+
+def standin_gpu_runner(target):
+    # Stand-in for the GPU: each candidate 'runs' in a made-up 1-13 microseconds.
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class Done(ms.runner.PyRunnerFuture):
+        def __init__(self, secs):
+            super().__init__()
+            self.secs = secs
+        def done(self):
+            return True
+        def result(self):
+            return ms.runner.RunnerResult(run_secs=[self.secs], error_msg=None)
+
+    @derived_object
+    class StandInGpuRunner(ms.runner.PyRunner):
+        def run(self, inputs):
+            return [Done(1e-6 * (1 + (7919 * i) % 13)) for i, _ in enumerate(inputs)]
+
+    return StandInGpuRunner()
+
+tvm_cuda.device = lambda: None  # stand-in: the GPU probe answers
+tvm_tuning.runner_for = standin_gpu_runner
+program, example, state, out = sys.argv[1:5]
+opts = {"device": "cuda", "computeCapability": "9.0", "tuningMinutes": "10"}
+request = {"op": "compile", "precision": "fp32", "program": program, "example": example, "state": state}
+first = steps.Steps().op_compile({**request, "out": out + "/a.so", "options": {**opts, "tuningTrials": "16"}})
+second = steps.Steps().op_compile({**request, "out": out + "/b.so", "options": {**opts, "tuningTrials": "0"}})
+import tvm
+from tvm.s_tir import meta_schedule as ms
+seen = {}
+ms.runner.LocalRunner = lambda **kw: seen.update(kw)  # records how the real runner would be made
+real_runner(tvm.target.Target(tvm_cuda.build_target({"kind": "cuda", "arch": "sm_90"})))
+print(json.dumps({"first": first["record"], "second": second["record"],
+                  "initializer": getattr(seen.get("initializer"), "__name__", "")}))
+"""
+
+
+def test_a_gpu_class_tunes_into_its_database_with_the_gpu_runner_stood_in(tmp_path: Path) -> None:
+    model, feed = (
+        _cnn(10),
+        {"input": np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)},
+    )
+    program = torchscript_onnx(model, feed, tmp_path / "m.onnx", {}, "output")
+    example = tmp_path / "example.npz"
+    write_arrays(str(example), [feed["input"]])
+    state = tmp_path / "db"
+    args = ["-c", _GPU_TUNING_STOOD_IN, str(program), str(example), str(state), str(tmp_path)]
+    got = json.loads(run_in_environment("tvm", args, tmp_path).strip().splitlines()[-1])
+    first, second = got["first"], got["second"]
+    assert first["tuning"] == "metaschedule" and first["tvmTarget"] == "cuda -arch=sm_90"
+    assert int(first["tuningTrialsRun"]) == 16 and int(first["tuningTasksTuned"]) >= 1
+    assert first["pipeline"] == "metaschedule-database+dlight" and int(first["cudaKernels"]) >= 4
+    records = (state / "database_tuning_record.json").read_text().splitlines()
+    assert len(records) == 16
+    # The candidates were built for the target with the per-block limits MetaSchedule's GPU rules need.
+    assert all('"max_shared_memory_per_block":49152' in r for r in records)
+    # The class's next compile: what the first tuned comes from the database, nothing measured.
+    assert second["tuning"] == "none: tuningTrials is 0" and second["tuningTrialsRun"] == "0"
+    assert second["tuningTasksFromDatabase"] == first["tuningTasksTuned"]
+    assert second["pipeline"] == "metaschedule-database+dlight"
+    # The real runner measures on the GPU in a worker that prepares CUDA as the load step does.
+    assert got["initializer"] == "runner_worker"
+
+
+def test_a_gpu_class_build_on_its_node_gets_the_gpu_classs_own_database(
+    feeds: list[Feeds], tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On the class's node (its GPU found: the probe and the class stood in here) the database handed
+    # over is the GPU class's, keyed by its target; the environment, which finds no GPU here to
+    # measure on, applies what the database has and says why it tuned nothing.
+    monkeypatch.setenv(ROOT_ENV, str(shared))
+    monkeypatch.setattr(tvm_backend, "local_cuda_class", lambda: "gpu-NVIDIA-H100-80GB-HBM3-sm90")
+    refused = r"the TVM runtime has no cuda device here"
+    o = compile_for_a_stood_in_gpu("tvm", _cuda_request(feeds, tmp_path), monkeypatch, refused).options
+    key = o["tuningDatabase"].split("/")
+    assert (key[0], key[1][:4], key[2]) == ("gpu-NVIDIA-H100-80GB-HBM3-sm90", "tvm-", "cuda--arch=sm_90")
+    assert o["tuning"].startswith("none: the TVM runtime has no cuda device here")
+    assert (o["tuningTrialsRun"], o["tuningRecordsShared"], o["pipeline"]) == ("0", "0", "dlight-default")
+    assert int(o["tuningTasks"]) >= 4
 
 
 def test_a_cuda_target_nvrtc_cannot_build_is_refused_at_compile(

@@ -18,7 +18,8 @@ class TvmOptions(BackendOptions):
         default=2000,
         description="MetaSchedule trial budget (measured candidates, over the tasks the class's shared "
         "tuning database lacks); 0: no tuning (the database's schedules still apply, the rest runs "
-        "TVM's default CPU lowering, which is slow).",
+        "TVM's default lowering: slow on CPUs, DLight's generic schedules on GPUs). A GPU class tunes "
+        "only where it compiles on a node with its GPU.",
     )
     tuning_minutes: Count = Field(
         default=30,
@@ -62,8 +63,10 @@ ENTRY = BackendEntry(
     "(llvm -mcpu from its features), MetaSchedule-tuned within a trial and time budget; the tuning "
     "database is shared per (hardware class, TVM version, target) through the artifact store (locally "
     "~/.cache/kompile/tuning-databases), so each operator shape is tuned once in the fleet. On NVIDIA "
-    "GPU classes (compute capability 7.5 and newer): CUDA kernels for the GPU's sm_XY by TVM's default "
-    "(DLight) schedules, not tuned, checked by NVRTC at compile and compiled by it at load. fp32 only, "
+    "GPU classes (compute capability 7.5 and newer): CUDA kernels for the GPU's sm_XY, tuned the same way "
+    "into the GPU class's own database where the compile runs on the class's node (each candidate "
+    "measured on the GPU), TVM's default (DLight) schedules for the rest, checked by NVRTC at compile and "
+    "compiled by it at load. fp32 only, "
     "at the static (opt) shape. Runs in its own environment (scripts/setup-backend-env.sh tvm). Not "
     "rolled out: Triton has no TVM backend.",
     devices=("cpu", "cuda"),

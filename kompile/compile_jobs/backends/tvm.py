@@ -27,8 +27,10 @@ Steps, each recorded in the artifact's options:
   round trip left out; TVM's spinning thread pool stays in that process).
 
 On a GPU class (`device: cuda`, the node's compute capability from torch): the target `cuda
--arch=sm_XY`, TVM's default DLight schedules (not tuned: no shared database), the kernels checked by
-NVRTC at compile and compiled by TVM's runtime at load on the GPU (kompile.compile_jobs.envs.tvm_cuda).
+-arch=sm_XY`, tuned as above against the GPU class's own shared database (each candidate measured on
+the GPU, so only on the class's node), TVM's default DLight schedules for what the database lacks, the
+kernels checked by NVRTC at compile and compiled by TVM's runtime at load on the GPU
+(kompile.compile_jobs.envs.tvm_cuda).
 
 A missing environment fails the candidate with reason EnvironmentMissing (what to run to build it).
 Not rolled out: Triton has no TVM backend (the catalog's serving is None).
@@ -65,6 +67,7 @@ from kompile.compile_jobs.hardware import (
     local_arch,
     local_cpu_class,
     local_cuda_capability,
+    local_cuda_class,
 )
 from kompile.compile_jobs.tvm_database import shared_database
 
@@ -157,11 +160,11 @@ class TvmBackend(Backend):
         versions = self.installed_versions()
         out = request.out_dir / "model.so"
         request.out_dir.mkdir(parents=True, exist_ok=True)
-        # GPU classes are not tuned (the environment's cuda step): no database to share.
+        # A GPU class tunes only on its own node (MetaSchedule measures on the GPU): without the GPU
+        # here (its probe stood in, building for another node) no database is touched.
+        hw_class = local_cuda_class() if request.device == "cuda" else local_cpu_class()
         database = (
-            None
-            if request.device == "cuda"
-            else shared_database(local_cpu_class(), versions.get("apache-tvm", "unknown"), target)
+            shared_database(hw_class, versions.get("apache-tvm", "unknown"), target) if hw_class else None
         )
         pulled = database.pull() if database else 0
         with tempfile.TemporaryDirectory(prefix="tvm-", dir=request.out_dir) as tmp:

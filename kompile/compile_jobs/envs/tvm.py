@@ -10,9 +10,10 @@ onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
   are applied (also when no trial is run: what the fleet tuned before is free), their weight
   rewrites folded into the constants, and the module is built for the class's CPU (`target_for`)
   into a shared library;
-- on a GPU class (`device: cuda`): the module built for `cuda -arch=sm_XY` by TVM's default DLight
-  schedules, untuned, its kernels' CUDA source checked by NVRTC for that sm
-  (kompile.compile_jobs.envs.tvm_cuda);
+- on a GPU class (`device: cuda`): the module built for `cuda -arch=sm_XY`; on the class's own node
+  MetaSchedule tunes it into the class's database as on CPUs, each candidate measured on the GPU,
+  the database's schedules applied and TVM's default DLight schedules for the rest; its kernels'
+  CUDA source checked by NVRTC for that sm (kompile.compile_jobs.envs.tvm_cuda);
 - load/run: the library loaded back with the Relax VM on `threads` threads (TVM_NUM_THREADS, set
   before the runtime's pool starts), or on the GPU (`device: cuda`), each call timed here.
 
@@ -21,6 +22,7 @@ Imports only the standard library, numpy and this environment's packages.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -88,11 +90,11 @@ class Steps:
             target_json = target_for(options)
         except ValueError as err:
             raise StepFailed(str(err)) from err
-        target = tvm.target.Target(target_json)
         example = read_arrays(req["example"])
         mod = import_onnx(req["program"], [a.shape for a in example])
         if target_json["kind"] == "cuda":
-            return {"record": _compile_cuda(mod, target, target_json, Path(req["out"]))}
+            return {"record": _compile_cuda(mod, target_json, Path(req["out"]), options, req.get("state"))}
+        target = tvm.target.Target(target_json)
         blocked, winograd, unblocked, lanes = 0, 0, "", vector_lanes(options)
         wants_winograd = options.get("winograd", "off") == "on"
         if options.get("activationLayout", "blocked") == "blocked":
@@ -128,15 +130,8 @@ class Steps:
                 minutes=float(options.get("tuningMinutes", "30") or 30),
                 cores=int(target_json.get("num-cores", os.cpu_count() or 1)),
             )
-            database = tvm_tuning.open_database(Path(state))
-            try:
-                with target:
-                    stats = tvm_tuning.tune(mod, target, database, budget, out.parent / "tvm-tuning-logs")
-            except TVM_ERRORS as err:
-                raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
+            mod, stats = _tune_and_apply(mod, target, Path(state), budget, out.parent)
             record.update(stats.record())
-            with target, database:
-                mod = relax.transform.MetaScheduleApplyDatabase()(mod)
             if prepack:
                 mod = _fold_weight_rewrites(mod)
                 record["prepackedKernels"] = str(
@@ -196,30 +191,86 @@ class Steps:
         return {"ns": ns}
 
 
-def _compile_cuda(mod: Any, target: Any, target_json: dict[str, Any], out: Path) -> dict[str, str]:
-    """A GPU class's library: TVM's default CUDA pipeline (its DLight rules schedule every kernel:
-    matmuls and reductions by their rules, the rest, convolutions included, by the fallback that
-    binds loops to threads), built and exported here without a GPU, its CUDA source compiled by
-    NVRTC for the class's sm_XY to refuse now what would not build at load. Not tuned:
-    MetaSchedule measures candidates on the target's device, which runs on CPU classes only here."""
+def _compile_cuda(
+    mod: Any, target_json: dict[str, Any], out: Path, options: dict[str, str], state: str | None
+) -> dict[str, str]:
+    """A GPU class's library, built and exported here, its CUDA source compiled by NVRTC for the
+    class's sm_XY to refuse now what would not build at load. Where the class's shared database is
+    handed over (`state`) and this machine has the GPU, MetaSchedule tunes the tasks the database
+    lacks, measuring each candidate on the GPU, and the database's schedules are applied; TVM's
+    default CUDA pipeline schedules the rest with its DLight rules (matmuls and reductions by their
+    rules, the rest, convolutions included, by the fallback that binds loops to threads)."""
     import tvm
+    from tvm import relax
+
+    from kompile.compile_jobs.envs import tvm_tuning
 
     arch = str(target_json["arch"])
     tvm_cuda.prepare()
+    target = tvm.target.Target(tvm_cuda.build_target(target_json))
+    record = {
+        "frontend": "relax-onnx",
+        "tvmTarget": target_string(target_json),
+        "outputCount": str(_output_count(mod)),
+        "activationLayout": "NCHW",
+        "pipeline": "dlight-default",
+    }
+    budget = tvm_tuning.Budget(
+        trials=int(options.get("tuningTrials", "0") or 0),
+        minutes=float(options.get("tuningMinutes", "30") or 30),
+        cores=os.cpu_count() or 1,
+    )
+    if not state:
+        # The pipeline hands a GPU class's database over only on a node with the class's GPU.
+        record["tuning"] = "none: no tuning database (a GPU class tunes on a node with its GPU)"
+    else:
+        untuned = _why_not_tuned(budget)
+        if untuned:
+            # The database's schedules still apply; nothing is measured.
+            record["tuning"] = f"none: {untuned}"
+            budget = dataclasses.replace(budget, trials=0)
+        # Legalized and fused first: the fused kernels are MetaSchedule's tasks.
+        mod = relax.get_pipeline("zero")(mod)
+        mod, stats = _tune_and_apply(mod, target, Path(state), budget, out.parent)
+        record.update(stats.record())
+        record.setdefault("tuning", "metaschedule")
+        if stats.reused + stats.tuned:
+            record["pipeline"] = "metaschedule-database+dlight"
     try:
         executable = tvm.compile(mod, target=target)
         executable.export_library(str(out))
     except TVM_ERRORS as err:
         raise StepFailed(f"TVM could not build the model for cuda {arch}: {_first_line(err)}") from err
-    return {
-        "frontend": "relax-onnx",
-        "tvmTarget": target_string(target_json),
-        "outputCount": str(_output_count(mod)),
-        "pipeline": "dlight-default",
-        "tuning": "none: MetaSchedule tunes CPU classes only",
-        "activationLayout": "NCHW",
-        **tvm_cuda.check_kernels(executable, arch),
-    }
+    return record | tvm_cuda.check_kernels(executable, arch)
+
+
+def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Path) -> tuple[Any, Any]:
+    """Tune the tasks of `mod` the database in `state` lacks, within `budget`, then apply the
+    database's schedules: the module and the tuning's stats."""
+    from tvm import relax
+
+    from kompile.compile_jobs.envs import tvm_tuning
+
+    database = tvm_tuning.open_database(state)
+    try:
+        with target:
+            stats = tvm_tuning.tune(mod, target, database, budget, scratch / "tvm-tuning-logs")
+    except TVM_ERRORS as err:
+        raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
+    with target, database:
+        return relax.transform.MetaScheduleApplyDatabase()(mod), stats
+
+
+def _why_not_tuned(budget: Any) -> str:
+    """Why a GPU class's build measures no candidates ('' where it tunes): MetaSchedule measures
+    each one on the GPU, so only a build on a node with the class's GPU tunes."""
+    if budget.trials <= 0:
+        return "tuningTrials is 0"
+    try:
+        tvm_cuda.device()
+    except StepFailed as err:
+        return str(err)
+    return ""
 
 
 def block_convolutions(mod: Any, lanes: int, winograd: bool = False) -> tuple[Any, int, int]:

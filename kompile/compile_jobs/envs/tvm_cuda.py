@@ -35,18 +35,58 @@ def toolkit() -> Path:
     return root
 
 
+def cccl_include(root: Path) -> Path:
+    """CCCL's headers: the nvidia-cuda-cccl wheel's include/cccl, which is `root`'s where both wheels
+    are installed in one environment, and elsewhere where the wheels sit in different folders (a
+    GPU node's own CUDA runtime with CCCL carried beside it)."""
+    try:
+        found = Path(str(metadata.distribution("nvidia-cuda-cccl").locate_file("nvidia/cu13/include/cccl")))
+    except metadata.PackageNotFoundError:
+        found = root / "include" / "cccl"
+    return found if found.is_dir() else root / "include" / "cccl"
+
+
 def prepare() -> Path:
     """Point TVM at the wheels' CUDA before `import tvm`: CUDA_PATH and CCCL's headers for NVRTC,
     NVRTC's builtins and libcudart.so.13 loaded process-wide (their folder is on no search path,
-    and libtvm_runtime_cuda.so finds libcudart by its soname). Idempotent."""
+    and libtvm_runtime_cuda.so finds libcudart by its soname), and that folder on LD_LIBRARY_PATH
+    for the processes this one starts (MetaSchedule's builder and runner workers). Idempotent."""
     root = toolkit()
     os.environ["CUDA_PATH"] = str(root)
     # TVM looks for CCCL only under targets/<triple>/include; the wheel puts it at include/cccl.
-    os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"] = f"-I{root / 'include' / 'cccl'}"
+    os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"] = f"-I{cccl_include(root)}"
     lib = root / "lib"
+    paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    if str(lib) not in paths:
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([str(lib), *paths])
     for name in ("libnvrtc-builtins.so.13.0", "libcudart.so.13"):
         ctypes.CDLL(str(lib / name), mode=ctypes.RTLD_GLOBAL)
     return root
+
+
+# MetaSchedule's GPU schedule rules and its check of each candidate (VerifyGPUCode) read the per-block
+# limits from the target, which a bare `cuda -arch=sm_XY` leaves out. They are the same on every GPU
+# CUDA 13 builds for (compute capability 7.5 and newer): 1024 threads, 48 KiB of static shared memory
+# and 64 Ki registers a block, warps of 32.
+BLOCK_LIMITS = {
+    "max_threads_per_block": 1024,
+    "max_shared_memory_per_block": 49152,
+    "registers_per_block": 65536,
+    "thread_warp_size": 32,
+}
+
+
+def build_target(target: dict[str, Any]) -> dict[str, Any]:
+    """The target a GPU class's library is built and tuned for: the class's `cuda -arch=sm_XY` with
+    the per-block limits (the artifact and the database key record the class's target alone)."""
+    return {**target, **BLOCK_LIMITS}
+
+
+def runner_worker() -> None:
+    """MetaSchedule's runner worker (a new process, which loads each candidate on the GPU): CUDA
+    prepared and TVM's NVRTC callback bound to this GPU, as `load` does."""
+    prepare()
+    device()
 
 
 def device() -> Any:

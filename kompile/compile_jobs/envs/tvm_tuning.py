@@ -128,9 +128,7 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     builder = ms.builder.LocalBuilder(
         max_workers=budget.cores, timeout_sec=builder_timeout(budget.cores), f_build=build
     )
-    runner = ms.runner.LocalRunner(
-        timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=50)
-    )
+    runner = runner_for(target)
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
     deadline = start + budget.minutes * 60
     while stats.trials < budget.trials:
@@ -166,6 +164,21 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     stats.tuned = sum(1 for t in todo if _has_record(database, t))
     stats.records_after, stats.seconds = len(database), time.monotonic() - start
     return stats
+
+
+def runner_for(target: Any) -> Any:
+    """MetaSchedule's runner: each candidate measured on the target's device in a worker process,
+    which on a GPU class prepares CUDA as the `load` step does (kompile.compile_jobs.envs.tvm_cuda)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    config = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=50)
+    if str(target.kind.name) == "cuda":
+        from kompile.compile_jobs.envs import tvm_cuda
+
+        return ms.runner.LocalRunner(
+            timeout_sec=60, evaluator_config=config, initializer=tvm_cuda.runner_worker
+        )
+    return ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
 
 
 MIN_TRIALS = 8
