@@ -54,13 +54,12 @@ Array = np.ndarray[Any, Any]
 # --- the models -----------------------------------------------------------------------------------
 
 
-def model_case(name: str, pretrained: bool = True) -> tuple[Any, list[Any], list[Array]]:
-    """The module (eval), its input signature and one feed. mobilenet-v2 carries torchvision's
+def model_case(name: str, pretrained: bool = True) -> tuple[Any, list[Any] | None, list[Array]]:
+    """The module (eval), its input signature (None for the peers: pydantic, which kompile's spec
+    needs, is not on a bare GPU node) and one feed. mobilenet-v2 carries torchvision's
     ImageNet weights where their package is installed (build: the outputs validated against);
     the peers' timing does not depend on the weights' values."""
     import torch
-
-    from kompile.api.spec import InputSpec
 
     rng = np.random.default_rng(0)
     torch.manual_seed(0)  # the random-weight models the same in every build
@@ -78,15 +77,19 @@ def model_case(name: str, pretrained: bool = True) -> tuple[Any, list[Any], list
         else:
             module = torchvision.models.mobilenet_v2(weights=None).eval()
         shape = [1, 3, 224, 224]
-    elif name == "resnet50":
+    elif name in ("resnet50", "resnet18"):
         import torchvision
 
-        module, shape = torchvision.models.resnet50(weights=None).eval(), [1, 3, 224, 224]
+        module, shape = getattr(torchvision.models, name)(weights=None).eval(), [1, 3, 224, 224]
         if LEVELS:
             snap_weights(module, LEVELS[0])
     else:
-        raise SystemExit(f"unknown model {name!r}; use one of {', '.join(MODELS)}")
-    signature = [InputSpec.model_validate({"name": "input", "shape": shape})]
+        raise SystemExit(f"unknown model {name!r}; use one of {', '.join(MODELS)} or resnet18")
+    signature = None
+    if pretrained:  # the build's; the peers need none
+        from kompile.api.spec import InputSpec
+
+        signature = [InputSpec.model_validate({"name": "input", "shape": shape})]
     feed = rng.standard_normal(shape).astype(np.float32)
     with torch.no_grad():
         module(torch.from_numpy(feed))
@@ -130,6 +133,7 @@ def build(out: Path, models: list[str], capability: tuple[int, int] | None) -> d
     entries: list[dict[str, Any]] = []
     for model in models:
         module, signature, feed = model_case(model)
+        assert signature is not None
         with torch.no_grad():
             reference = module(torch.from_numpy(feed[0])).numpy()
         write_arrays(str(out / f"{model}-feed.npz"), feed)
@@ -221,6 +225,19 @@ def spread(ns: list[int]) -> dict[str, float]:
     }
 
 
+def require_gate() -> None:
+    """Stop before any compile or load where kompile's fp32 gate cannot run: it reads kompile's spec,
+    which needs pydantic, and a bare GPU node has none (a tuning run there once lost its
+    measurements to that at the end)."""
+    try:
+        import kompile.compile_jobs.validate  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(
+            f"kompile's validation gate cannot be imported here ({err}): install or carry pydantic "
+            "(pydantic, pydantic-core, annotated-types, typing-inspection wheels) first"
+        ) from err
+
+
 def gate(reference: Array, got: Array) -> dict[str, Any]:
     """kompile's fp32 validation of one output against the eager reference."""
     from kompile.compile_jobs.validate import compare, resolve_thresholds
@@ -298,6 +315,26 @@ def peer_worker(model: str, iterations: int, warmup: int) -> None:
         print(json.dumps(row), flush=True)
 
 
+def run_peers(model: str, iterations: int, warmup: int, log: IO[str]) -> list[dict[str, Any]]:
+    """The peers' rows for `model`, timed in their own process (peer_worker)."""
+    done = subprocess.run(
+        [sys.executable, __file__, "peers", model, str(iterations), str(warmup)],
+        capture_output=True,
+        text=True,
+    )
+    log.write(done.stderr)
+    got = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+    return got or [{"model": model, "runtime": "torch", "error": done.stderr[-400:]}]
+
+
+def add_speedups(rows: list[dict[str, Any]]) -> None:
+    """Each timed row's speed-up over eager PyTorch on the same model."""
+    for row in rows:
+        eager = next((r for r in rows if r["model"] == row["model"] and r["runtime"] == "torch-eager"), None)
+        if eager and "p50_ms" in row:
+            row["speedup_vs_eager"] = round(eager["p50_ms"] / row["p50_ms"], 3)
+
+
 def gpu_name() -> str:
     try:
         return subprocess.run(
@@ -339,6 +376,7 @@ def measure(
     def where(name: str) -> tuple[str, str | None]:
         return pythons.get(name, sys.executable), sites.get(name)
 
+    require_gate()
     try:
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -355,18 +393,8 @@ def measure(
             rows.append(row)
         if peers:
             for model in sorted({e["model"] for e in manifest["artifacts"]}):
-                done = subprocess.run(
-                    [sys.executable, __file__, "peers", model, str(iterations), str(warmup)],
-                    capture_output=True,
-                    text=True,
-                )
-                log.write(done.stderr)
-                got = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
-                rows.extend(got or [{"model": model, "runtime": "torch", "error": done.stderr[-400:]}])
-    for row in rows:
-        eager = next((r for r in rows if r["model"] == row["model"] and r["runtime"] == "torch-eager"), None)
-        if eager and "p50_ms" in row:
-            row["speedup_vs_eager"] = round(eager["p50_ms"] / row["p50_ms"], 3)
+                rows.extend(run_peers(model, iterations, warmup, log))
+    add_speedups(rows)
     return {
         "gpu": gpu_name(),
         "host_cpu": cpu_description(),
