@@ -42,9 +42,12 @@ def image_feeds(batch: int, count: int) -> list[Feeds]:
     return [{"input": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)} for _ in range(count)]
 
 
-def small_cnn_validated_on_gpu(backend_name: str, tmp_path: Path) -> CompiledArtifact:
-    """The small CNN compiled by `backend_name` for this node's GPU (device cuda), validated against
-    fp32 eager and timed by its runner: the artifact, for the caller to check what it records."""
+def small_cnn_validated_on_gpu(
+    backend_name: str, tmp_path: Path, options: dict[str, str] | None = None
+) -> CompiledArtifact:
+    """The small CNN compiled by `backend_name` (with the target's `options`) for this node's GPU
+    (device cuda), validated against fp32 eager and timed by its runner: the artifact, for the
+    caller to check what it records."""
     import torch
     from models.small import small_cnn
 
@@ -56,7 +59,7 @@ def small_cnn_validated_on_gpu(backend_name: str, tmp_path: Path) -> CompiledArt
 
     model = small_cnn()
     feeds = image_feeds(8, 2)
-    target = Target(name=f"gpu-{backend_name}", backend=backend_name, precision="fp32")
+    target = Target(name=f"gpu-{backend_name}", backend=backend_name, precision="fp32", options=options or {})
     request = compile_request(
         target, out_dir=tmp_path, signature=[IMAGE], feeds=feeds, module=model, device="cuda"
     )

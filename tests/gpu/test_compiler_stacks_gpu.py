@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kompile.compile_jobs.tvm_database import ROOT_ENV
 from tests.gpu.common import GPU_ONLY, small_cnn_validated_on_gpu
 
 torch = pytest.importorskip("torch")
@@ -28,14 +29,22 @@ def test_iree_cuda_vmfb_validates_against_eager_and_is_timed(tmp_path: Path) -> 
     assert (o["halDevice"], o["computeCapability"]) == ("cuda", _capability())
 
 
-def test_tvm_cuda_library_validates_against_eager_and_is_timed(tmp_path: Path) -> None:
-    o = small_cnn_validated_on_gpu("tvm", tmp_path).options
+def test_tvm_cuda_library_tuned_on_the_gpu_validates_against_eager_and_is_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On the class's node MetaSchedule tunes into the GPU class's own database (here a fresh one),
+    # measuring each candidate on the GPU; a small budget keeps the test short.
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "databases"))
+    o = small_cnn_validated_on_gpu("tvm", tmp_path / "out", {"tuningTrials": "16"}).options
     sm = "sm_" + _capability().replace(".", "")
     assert (o["tvmDevice"], o["computeCapability"], o["tvmTarget"]) == (
         "cuda",
         _capability(),
         f"cuda -arch={sm}",
     )
+    assert (o["tuning"], o["pipeline"]) == ("metaschedule", "metaschedule-database+dlight")
+    assert int(o["tuningTrialsRun"]) > 0 and o["tuningRecordsShared"] == o["tuningTrialsRun"]
+    assert o["tuningDatabase"].startswith("gpu-") and o["tuningDatabase"].endswith(f"cuda--arch={sm}")
 
 
 def test_xla_cuda_module_validates_against_eager_and_is_timed(tmp_path: Path) -> None:
