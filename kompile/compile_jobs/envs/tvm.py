@@ -218,7 +218,9 @@ def _compile_cuda(
     budget = tvm_tuning.Budget(
         trials=int(options.get("tuningTrials", "0") or 0),
         minutes=float(options.get("tuningMinutes", "30") or 30),
-        cores=os.cpu_count() or 1,
+        # The builder's workers: the cores the pipeline runs with (the run's threads, else this
+        # process's affinity), not the host's count.
+        cores=int(options.get("cores", "0") or 0) or len(os.sched_getaffinity(0)),
     )
     if not state:
         # The pipeline hands a GPU class's database over only on a node with the class's GPU.
