@@ -165,6 +165,23 @@ def require_environment(name: str) -> None:
         pytest.fail(str(missing))
 
 
+def run_benchmark(script: Path, *args: str, **env: str) -> dict[str, Any]:
+    """A script under benchmarks/ run as a user runs it (this interpreter, the repository on
+    PYTHONPATH, `env` added): its JSON report, the test failing with its stderr's tail otherwise."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root), **env},
+        check=False,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
 def run_in_environment(name: str, args: list[str], scratch: Path, **env: str) -> str:
     """`python *args` run by environment `name`'s python as its steps run (kompile importable beside
     the environment's own packages, nothing of the project venv's), with `env` added; its stdout,

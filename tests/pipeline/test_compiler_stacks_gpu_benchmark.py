@@ -11,28 +11,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from kompile.compile_jobs.environments import find_environment
-from tests.pipeline.conftest import require_environment
+from tests.pipeline.conftest import require_environment, run_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compiler_stacks_gpu.py"
 BACKENDS = ("iree", "tvm", "xla")
 
 
-def _run(*args: str) -> dict:  # type: ignore[type-arg]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report: dict = json.loads(done.stdout)  # type: ignore[type-arg]
-    return report
+def _run(*args: str) -> dict[str, Any]:
+    return run_benchmark(SCRIPT, *args)
 
 
 def test_build_for_an_h100_here_then_measure_reports_each_environments_refusal(tmp_path: Path) -> None:
