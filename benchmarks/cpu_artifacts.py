@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
-from kompile.api.spec import Precision, Target  # noqa: E402
+from kompile.api.spec import InputSpec, Precision, Target  # noqa: E402
 from kompile.api.vocabulary import Quantization  # noqa: E402
 from kompile.compile_jobs import benchmark  # noqa: E402
 from kompile.compile_jobs.backends.base import Feeds, Runner, get_backend  # noqa: E402
@@ -89,6 +89,14 @@ CASES = {
         },
     ),
 }
+
+
+def feed_signature(case: ModelCase, feed: Feeds) -> list[InputSpec]:
+    """`case`'s inputs at `feed`'s own shapes and dtypes."""
+    return [
+        InputSpec.model_validate({"name": n, "shape": list(feed[n].shape), "dtype": str(feed[n].dtype)})
+        for n in case.inputs
+    ]
 
 
 def build(case: ModelCase) -> Any:

@@ -37,6 +37,7 @@ from cpu_artifacts import (  # noqa: E402
     ModelCase,
     add_run_artifacts,
     best_validated,
+    feed_signature,
     main,
     measure_case,
     runner_call,
@@ -64,11 +65,7 @@ ORT = [(n, p, q, {}) for n, p, q in ARTIFACTS if n in ("ort-fp32", "ort-int8-sta
 
 def static_signature(run: CaseRun) -> list[InputSpec]:
     """The inputs at the reference feeds' own (batch 1) shapes: what the .pte is exported at."""
-    first = run.feeds[0]
-    return [
-        InputSpec.model_validate({"name": n, "shape": list(first[n].shape), "dtype": str(first[n].dtype)})
-        for n in run.case.inputs
-    ]
+    return feed_signature(run.case, run.feeds[0])
 
 
 def add_built(run: CaseRun, specs: list[BuiltSpec]) -> None:

@@ -11,8 +11,9 @@ before is applied), then timed in rounds that alternate the two runtimes and the
 - ONNX Runtime fp32 (the session options of kompile's `ort-fp32` artifacts), each node timed by its
   own profiler.
 
-The convolution kernels of both are paired in execution order (ResNet-50: 53 each) and reported with
-their ratio, the medians over rounds of each position's per-round median; the whole-call medians are
+The convolutions of both (ResNet-50: 53 each) are paired by channels and image size, the n-th of a
+shape with the n-th (the two run a block's branches in different orders), and reported with their
+ratio: the medians over rounds of each one's per-round median. The whole-call medians are
 uninstrumented. The CPU's instruction sets are printed beside the figures.
 
     python benchmarks/tvm_layers.py --models resnet50 --threads 1,2 --rounds 3 --calls 20 \
@@ -127,8 +128,6 @@ def ort_round(
 ) -> dict[str, Any]:
     """ONNX Runtime fp32 on `threads` threads: the whole call, then each convolution node (its
     profiler), in execution order."""
-    import onnxruntime as ort
-
     from kompile.compile_jobs.backends.onnxruntime import OrtRunner
 
     plain = OrtRunner(onnx_path, threads)
@@ -141,14 +140,11 @@ def ort_round(
         whole.append(time.perf_counter() - start)
     del plain
     with tempfile.TemporaryDirectory(prefix="ort-profile-") as tmp:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        so.enable_profiling, so.profile_file_prefix = True, str(Path(tmp) / "ort")
-        session = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+        # The same session options, its profiler on: a session of its own, as profiling slows calls.
+        profiled = OrtRunner(onnx_path, threads, profile_prefix=Path(tmp) / "ort")
         for _ in range(warmup + calls):
-            session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
+            profiled.run(feeds)
+        events = json.loads(Path(profiled.session.end_profiling()).read_text())
     nodes = [
         (
             _conv_key(
@@ -185,36 +181,29 @@ def _conv_key(inp: list[int], out: list[int]) -> str:
 
 
 def _first_shape(types: list[dict[str, list[int]]]) -> list[int]:
+    """The first tensor's shape in ORT's profile's `input_type_shape` / `output_type_shape`."""
     return list(next(iter(types[0].values())))
 
 
 def _shapes(inputs: list[dict[str, list[int]]]) -> str:
     """'1x64x56x56 * 256x64x1x1': a convolution's input and weight shapes from ORT's profile."""
-    shapes = ["x".join(str(d) for d in next(iter(i.values()))) for i in inputs[:2]]
-    return " * ".join(shapes)
+    return " * ".join("x".join(map(str, _first_shape([i]))) for i in inputs[:2])
 
 
 def build_tvm(
-    case: Any, work: Path, threads: int, options: dict[str, str]
+    case: Any, feeds: dict[str, Any], work: Path, threads: int, options: dict[str, str]
 ) -> tuple[Path, Path, dict[str, Any]]:
-    """The ONNX export, the tvm library built from it on the class's shared database, and the
-    build's record."""
-    import numpy as np
-    from cpu_artifacts import build, export
+    """The ONNX export, the tvm library built from it on the class's shared database at `feeds`'
+    static shapes, and the build's record."""
+    from cpu_artifacts import build, export, feed_signature
 
-    from kompile.api.spec import InputSpec, Target
+    from kompile.api.spec import Target
     from kompile.compile_jobs.backends.base import get_backend
     from kompile.compile_jobs.build import compile_request
 
     model = build(case).eval()
     onnx_path = work / f"{case.name}.onnx"
     export(case, model, onnx_path)
-    feeds = case.make(np.random.default_rng(0), 1)
-    # Static batch-1 shapes: TVM builds at the example's shapes.
-    signature = [
-        InputSpec.model_validate({"name": n, "shape": list(feeds[n].shape), "dtype": str(feeds[n].dtype)})
-        for n in case.inputs
-    ]
     backend = get_backend("tvm")
     target = Target(name="tvm-tuned", backend="tvm", precision="fp32", options=options)
     request = compile_request(
@@ -222,7 +211,7 @@ def build_tvm(
         module=model,
         onnx_path=onnx_path,
         out_dir=work / "tvm",
-        signature=signature,
+        signature=feed_signature(case, feeds),
         feeds=[feeds],
         threads=threads,
     )
@@ -349,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models.split(","):
             case, work = cases[name], Path(tmp) / name
             work.mkdir()
-            onnx_path, library, record = build_tvm(case, work, threads[-1], options)
-            feeds = case.make(np.random.default_rng(1), 1)
+            feeds = case.make(np.random.default_rng(0), 1)
+            onnx_path, library, record = build_tvm(case, feeds, work, threads[-1], options)
             feed_file = work / "feed.npz"
             write_arrays(str(feed_file), [feeds[n] for n in case.inputs])
             rounds = []

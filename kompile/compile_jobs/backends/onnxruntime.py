@@ -371,13 +371,21 @@ class OrtRunner:
     """An InferenceSession on the artifact file with pinned threads."""
 
     def __init__(
-        self, path: Path, intra_threads: int, inter_threads: int = 1, disabled: Sequence[str] = ()
+        self,
+        path: Path,
+        intra_threads: int,
+        inter_threads: int = 1,
+        disabled: Sequence[str] = (),
+        profile_prefix: Path | None = None,
     ) -> None:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = intra_threads
         so.inter_op_num_threads = inter_threads
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        if profile_prefix is not None:
+            # ONNX Runtime's profiler times each node; `session.end_profiling()` writes its JSON.
+            so.enable_profiling, so.profile_file_prefix = True, str(profile_prefix)
         try:
             self.session = ort.InferenceSession(
                 str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled)
