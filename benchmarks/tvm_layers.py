@@ -223,9 +223,13 @@ def build_tvm(
 
 def tvm_round(model: Path, feed: Path, threads: int, warmup: int, calls: int) -> dict[str, Any]:
     """One worker process (a fresh runtime pool at `threads`) in the tvm environment."""
+    from kompile.compile_jobs.backends.base import BackendError
     from kompile.compile_jobs.environments import find_environment
 
-    python = find_environment("tvm") / "bin" / "python"
+    try:
+        python = find_environment("tvm") / "bin" / "python"
+    except BackendError as err:  # EnvironmentMissing: says how to build it
+        raise SystemExit(str(err)) from err
     argv = [str(python), __file__, "--worker", str(model), str(feed), str(threads), str(warmup), str(calls)]
     out = subprocess.run(
         argv, capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": ""}
@@ -303,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from cpu_artifacts import CASES, ModelCase, emit_json, machine
 
+    from kompile.compile_jobs.backends.base import BackendError
     from kompile.compile_jobs.envs import write_arrays
 
     cases = {
@@ -339,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             case, work = cases[name], Path(tmp) / name
             work.mkdir()
             feeds = case.make(np.random.default_rng(0), 1)
-            onnx_path, library, record = build_tvm(case, feeds, work, threads[-1], options)
+            try:
+                onnx_path, library, record = build_tvm(case, feeds, work, threads[-1], options)
+            except BackendError as err:  # the tvm environment missing, or the build refused
+                raise SystemExit(f"{name}: the tvm build failed: {err}") from err
             feed_file = work / "feed.npz"
             write_arrays(str(feed_file), [feeds[n] for n in case.inputs])
             rounds = []
