@@ -18,8 +18,9 @@ Steps, each recorded in the artifact's options:
   (`activationLayout: blocked`), the weights marked layout-free (`weightLayout: prepacked`), tuning
   of the tasks the database lacks within `tuningTrials` and `tuningMinutes` (a first round by each
   task's FLOPs, the rest by its measured time in the model), the
-  database's schedules applied and their weight rewrites folded into the constants, build and
-  export of `model.so`; the artifact records how many tasks came from
+  database's schedules applied and their weight rewrites folded into the constants, the tuned
+  residual kernels written into their residual where nothing reads it after
+  (`residualInPlace`), build and export of `model.so`; the artifact records how many tasks came from
   the shared database (`tuningDatabaseHitRate`) and the tuning's time;
 - the copy merged back into the shared folder and the store (union with what others pushed);
 - `load` starts the environment's process with the Relax VM on the run's threads: validation runs the

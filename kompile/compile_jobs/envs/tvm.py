@@ -8,8 +8,9 @@ onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
   (kompile.compile_jobs.envs.tvm_tuning) into the request's `state` folder, the hardware class's
   shared tuning database, within the target's trial and time budget; the database's best schedules
   are applied (also when no trial is run: what the fleet tuned before is free), their weight
-  rewrites folded into the constants, and the module is built for the class's CPU (`target_for`)
-  into a shared library;
+  rewrites folded into the constants, the tuned residual kernels made to write into their residual
+  where nothing reads it after (kompile.compile_jobs.envs.tvm_inplace), and the module is built for
+  the class's CPU (`target_for`) into a shared library;
 - on a GPU class (`device: cuda`): the module built for `cuda -arch=sm_XY`; on the class's own node
   MetaSchedule tunes it into the class's database as on CPUs, each candidate measured on the GPU,
   the database's schedules applied and TVM's default DLight schedules for the rest; its kernels'
@@ -31,7 +32,14 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
-from kompile.compile_jobs.envs import FeedCache, read_arrays, tvm_cuda, tvm_winograd, write_arrays
+from kompile.compile_jobs.envs import (
+    FeedCache,
+    read_arrays,
+    tvm_cuda,
+    tvm_inplace,
+    tvm_winograd,
+    write_arrays,
+)
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string, vector_lanes
 
 Array = np.ndarray[Any, Any]
@@ -139,6 +147,7 @@ class Steps:
                 )
             applied = stats.reused + stats.tuned if stats.records_after else 0
             record["pipeline"] = "metaschedule-database+default" if applied else "default"
+            mod, record["residualInPlace"] = _residual_in_place(mod)
         else:
             record["pipeline"] = "default"
         try:
@@ -261,6 +270,16 @@ def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Pa
         raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
     with target, database:
         return relax.transform.MetaScheduleApplyDatabase()(mod), stats
+
+
+def _residual_in_place(mod: Any) -> tuple[Any, str]:
+    """The tuned residual kernels made in place (kompile.compile_jobs.envs.tvm_inplace) and how many;
+    a speed-up only: where TVM refuses the rewrite, the module is built as it was, with the reason."""
+    try:
+        mod, count = tvm_inplace.residual_in_place(mod)
+    except TVM_ERRORS as err:
+        return mod, f"0: {_first_line(err)}"
+    return mod, str(count)
 
 
 def _why_not_tuned(budget: Any) -> str:
