@@ -43,7 +43,7 @@ def residual_in_place(mod: Any) -> tuple[Any, int]:
         for k, arg in enumerate(args):
             if not graph.may_overwrite(arg, args, i) or not writes_into(func, k, len(args)):
                 continue
-            name = gvar.name_hint + SUFFIX
+            name = f"{gvar.name_hint}{SUFFIX}{k}"  # one kernel may go in place on either operand
             if name not in added:
                 builder = relax.BlockBuilder(mod)
                 added[name] = builder.add_func(_in_place(func, k, name), name)
