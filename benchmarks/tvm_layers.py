@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -96,9 +97,7 @@ def worker(model: str, feed: str, threads: int, warmup: int, calls: int) -> dict
         if before:
             started[name] = time.perf_counter()
         else:
-            # Input first, output last, both blocked (N, C/c, H, W, c): the key ONNX Runtime's
-            # node is paired by.
-            key = _conv_key([int(d) for d in call[0].shape], [int(d) for d in call[-1].shape])
+            key = kernel_key(name, [[int(d) for d in a.shape] for a in call])
             kernels.append((name, key, time.perf_counter() - started[name]))
 
     vm.set_instrument(instrument)
@@ -178,6 +177,14 @@ def _conv_key(inp: list[int], out: list[int]) -> str:
         return f"{channels}@{shape[2]}x{shape[3]}"
 
     return f"{part(inp)} -> {part(out)}"
+
+
+def kernel_key(name: str, shapes: list[list[int]]) -> str:
+    """A TVM convolution kernel's pairing key from its arguments' shapes: input first, output last,
+    both blocked (N, C/c, H, W, c). A kernel that writes into its residual (`..._inplace<k>`) has no
+    output argument: argument k, the residual, has the output's shape."""
+    written = re.search(r"_inplace(\d+)$", name)
+    return _conv_key(shapes[0], shapes[int(written.group(1))] if written else shapes[-1])
 
 
 def _first_shape(types: list[dict[str, list[int]]]) -> list[int]:

@@ -106,3 +106,17 @@ def test_convolution_keys_read_blocked_and_plain_shapes_alike() -> None:
     assert tvm_layers._conv_key([1, 4, 56, 56, 16], [1, 16, 56, 56, 16]) == "64@56x56 -> 256@56x56"
     assert tvm_layers._conv_key([1, 64, 56, 56], [1, 256, 56, 56]) == "64@56x56 -> 256@56x56"
     assert tvm_layers._conv_key([1, 1, 224, 224, 3], [1, 4, 112, 112, 16]) == "3@224x224 -> 64@112x112"
+
+
+def test_a_kernel_written_into_its_residual_is_keyed_by_the_residuals_shape() -> None:
+    data, weight, bias, residual = [1, 4, 56, 56, 16], [16, 32, 2, 2, 16], [8, 2, 16], [1, 16, 56, 56, 16]
+    out = "64@56x56 -> 256@56x56"
+    assert (
+        tvm_layers.kernel_key(
+            "fused_conv2d_NCHWc1_add2_add3_relu21_prepacked_inplace3", [data, weight, bias, residual]
+        )
+        == out
+    )
+    assert tvm_layers.kernel_key("fused_conv2d_NCHWc1_add21_prepacked", [data, weight, bias, residual]) == out
+    # Written into argument 1: that argument, not the last, has the output's shape.
+    assert tvm_layers.kernel_key("k_inplace1", [data, residual, bias]) == out
