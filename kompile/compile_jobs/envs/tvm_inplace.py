@@ -12,8 +12,9 @@ Safe only where the kernel and the graph allow it, checked on both:
 - the kernel (after its schedule is applied): every block that reads the residual writes the output
   at the same region, that block is the only writer of the output, and no block reads the output;
 - the graph: the residual is bound by a kernel call (`call_tir` or an in-place call) of `main`, not
-  an input or a constant; every use of it and of whatever shares its storage is a kernel call's
-  operand (no view aliases it), and none comes after this call.
+  an input or a constant; every use of it is a kernel call's operand (no view aliases it), and none
+  comes after this call. A residual written into is dead after that call, so what later shares its
+  storage (the call's result) is checked as itself.
 
 Imports only the standard library and this environment's packages.
 """
@@ -49,7 +50,6 @@ def residual_in_place(mod: Any) -> tuple[Any, int]:
                 added[name] = builder.add_func(_in_place(func, k, name), name)
                 mod = builder.get()
             replaced[i] = relax.op.call_tir_inplace(added[name], relax.Tuple(args), [k], binding.value.ty)
-            graph.share(binding.var, arg)
             break
     if not replaced:
         return mod, 0
@@ -115,7 +115,7 @@ def writes_into(func: Any, k: int, inputs: int) -> bool:
 
 
 class _Graph:
-    """Uses and storage sharing of `main`'s variables, in binding order."""
+    """Where `main`'s variables are used, in binding order."""
 
     def __init__(self, main: Any, bindings: list[Any]) -> None:
         import tvm
@@ -134,7 +134,6 @@ class _Graph:
                 self.read_only_by_kernels[var] = self.read_only_by_kernels.get(var, True) and kernel
         for var in relax.analysis.free_vars(main.body.body):
             self.last_use[var] = len(bindings)
-        self.storage: dict[Any, set[Any]] = {}
 
     def is_kernel_call(self, value: Any, in_place: bool) -> bool:
         from tvm import relax
@@ -151,11 +150,4 @@ class _Graph:
             return False
         if sum(1 for a in args if a.same_as(arg)) != 1:
             return False
-        sharing = self.storage.get(arg, {arg})
-        return all(self.read_only_by_kernels.get(v, True) and self.last_use.get(v, -1) <= at for v in sharing)
-
-    def share(self, result: Any, arg: Any) -> None:
-        """`result` is written into `arg`'s storage."""
-        group = self.storage.get(arg, {arg}) | {result}
-        for var in group:
-            self.storage[var] = group
+        return self.read_only_by_kernels[arg] and self.last_use[arg] <= at
