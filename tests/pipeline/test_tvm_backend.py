@@ -84,6 +84,18 @@ def _build(module: torch.nn.Module, feeds: list[Feeds], out: Path, root: Path, *
         return build_and_compare(target, module, [IMAGE], feeds, out, onnx_path=onnx)
 
 
+def _build_matching(
+    module: torch.nn.Module, feeds: list[Feeds], out: Path, root: Path, **options: str
+) -> tuple[Any, Any]:
+    """`_build`, its runner closed, the artifact validated and matching eager (cosine > 0.99999):
+    the artifact and the verdict."""
+    artifact, runner, verdict = _build(module, feeds, out, root, **options)
+    runner.close()
+    assert verdict.passed, verdict.failures
+    assert min(o.cosine for o in verdict.outputs) > 0.99999
+    return artifact, verdict
+
+
 def test_untuned_so_matches_eager_and_is_timed_in_its_environment(feeds: list[Feeds], tmp_path: Path) -> None:
     artifact, runner, verdict = _build(_cnn(10), feeds, tmp_path, tmp_path / "db", tuningTrials="0")
     assert verdict.passed, verdict.failures
@@ -260,12 +272,9 @@ def test_plain_convolutions_run_blocked_and_tuned_where_the_isa_allows(
 ) -> None:
     torch.manual_seed(3)
     model = Blocks().eval()
-    blocked, runner, verdict = _build(
+    blocked, _ = _build_matching(
         model, feeds, tmp_path / "blocked", tmp_path / "db", tuningTrials="16", tuningMinutes="5"
     )
-    runner.close()
-    assert verdict.passed, verdict.failures
-    assert min(o.cosine for o in verdict.outputs) > 0.99999
     o = blocked.options
     # The stem (its 3 channels one block), the conv and the 1x1 point conv (and the residual add
     # between them) in NCHW{lanes}c; the depthwise conv stays NCHW. Tuned kernels, weights prepacked.
@@ -307,12 +316,9 @@ def test_winograd_convolutions_match_eager_tuned_and_untuned(feeds: list[Feeds],
     model = WinogradShapes().eval()
     for trials in ("0", "16"):
         out = tmp_path / trials
-        artifact, runner, verdict = _build(
+        artifact, verdict = _build_matching(
             model, feeds, out, tmp_path / "db", tuningTrials=trials, tuningMinutes="5", winograd="on"
         )
-        runner.close()
-        assert verdict.passed, verdict.failures
-        assert min(o.cosine for o in verdict.outputs) > 0.99999
         assert max(o.max_abs_error for o in verdict.outputs) < 1e-4
         o = artifact.options
         assert o["winograd"] == "on" and o["winogradConvolutions"] == "2" and o["blockedConvolutions"] == "4"
@@ -348,10 +354,7 @@ class ChannelOps(torch.nn.Module):
 def test_channel_axis_ops_after_blocked_convolutions_stay_exact(feeds: list[Feeds], tmp_path: Path) -> None:
     torch.manual_seed(5)
     model = ChannelOps().eval()
-    artifact, runner, verdict = _build(model, feeds, tmp_path, tmp_path / "db", tuningTrials="0")
-    runner.close()
-    assert verdict.passed, verdict.failures
-    assert min(o.cosine for o in verdict.outputs) > 0.99999
+    artifact, _ = _build_matching(model, feeds, tmp_path, tmp_path / "db", tuningTrials="0")
     # The stem and the 16->64 convolution blocked; the 30-channel 1x1 left NCHW by the conversion.
     assert artifact.options["blockedConvolutions"] == "2"
     assert "activationLayoutKept" not in artifact.options
