@@ -335,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         "--tvm-trials", default="0", help="trials tuned before the build (0: the database as it is)"
     )
     p.add_argument("--tvm-minutes", default="30")
+    p.add_argument(
+        "--tvm-scope",
+        choices=["missing", "all"],
+        default="missing",
+        help="tasks tuned: those the database lacks, or all of them from the database's best",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
@@ -344,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {
         "tuningTrials": args.tvm_trials,
         "tuningMinutes": args.tvm_minutes,
+        "tuningScope": args.tvm_scope,
         "weightLayout": "prepacked",
     }
     with tempfile.TemporaryDirectory(prefix="tvm-layers-") as tmp:

@@ -220,11 +220,12 @@ def test_a_bert_export_imports_after_folding_and_honours_the_mask(tmp_path: Path
     assert artifact.options["exportedStatic"] == "input_ids=[2, 16];attention_mask=[2, 16]"
 
 
-def test_tuning_writes_the_shared_database_and_a_second_model_reuses_it(
+def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_refines_it(
     feeds: list[Feeds], tmp_path: Path, shared: Path
 ) -> None:
+    # 56 trials: the floor of 8 for each of the model's 7 tasks, so that every task has a record.
     first, runner, verdict = _build(
-        _cnn(10), feeds, tmp_path / "a", shared, tuningTrials="8", tuningMinutes="5"
+        _cnn(10), feeds, tmp_path / "a", shared, tuningTrials="56", tuningMinutes="5"
     )
     runner.close()
     assert verdict.passed, verdict.failures
@@ -246,6 +247,19 @@ def test_tuning_writes_the_shared_database_and_a_second_model_reuses_it(
     assert int(s["tuningTasksFromDatabase"]) > 0
     assert float(s["tuningDatabaseHitRate"]) > 0
     assert s["pipeline"] == "metaschedule-database+default"
+
+    # tuningScope all: the first model again, every task in the database already; the budget goes to
+    # the tasks that cost most, each search from the database's best, and the shared database grows.
+    third, runner, verdict = _build(
+        _cnn(10), feeds, tmp_path / "c", shared, tuningTrials="8", tuningMinutes="5", tuningScope="all"
+    )
+    runner.close()
+    assert verdict.passed, verdict.failures
+    t = third.options
+    assert t["tuningScope"] == "all" and t["tuningTasksFromDatabase"] == t["tuningTasks"]
+    assert t["tuningTasksTuned"] == "0" and int(t["tuningTasksRefined"]) >= 1
+    assert int(t["tuningRecordsAfter"]) > int(t["tuningRecordsBefore"])
+    assert len(Database.read(folder).records) > int(o["tuningRecordsShared"])
 
 
 class Blocks(torch.nn.Module):

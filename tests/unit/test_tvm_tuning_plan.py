@@ -3,8 +3,10 @@ allotment runs without TVM; the tuning itself is tested in tests/pipeline/test_t
 
 from __future__ import annotations
 
+import pytest
+
 from kompile.compile_jobs.envs.tvm_target import mcpu_for, vector_lanes
-from kompile.compile_jobs.envs.tvm_tuning import Budget, allot_trials, reallot, search_population
+from kompile.compile_jobs.envs.tvm_tuning import Budget, allot_trials, budget_from, reallot, search_population
 
 
 def test_trials_follow_the_flops_with_a_floor_for_light_tasks() -> None:
@@ -34,6 +36,22 @@ def test_later_rounds_follow_each_task_time_in_the_model() -> None:
 
 def test_a_task_without_a_valid_record_counts_as_the_slowest() -> None:
     assert reallot([8, 8], [0.0, 1e-3], 100, 8) == [58, 58]
+
+
+def test_a_budget_too_small_to_split_goes_to_the_slowest_task() -> None:
+    # A refining compile (scope all) with 24 trials over a convolution and three cheap tasks that
+    # have no record yet (each counts as the slowest): 6 each would all be dropped.
+    assert reallot([0, 0, 0, 0], [4e-4, 0.0, 0.0, 0.0], 24, 8) == [24, 0, 0, 0]
+    assert reallot([0, 0], [1e-4, 3e-4], 5, 8) == [0, 5]
+    assert reallot([0, 0], [1e-4, 3e-4], 0, 8) == [0, 0]
+
+
+def test_the_budget_and_its_scope_come_from_the_options() -> None:
+    assert budget_from({}, 2) == Budget(trials=0, minutes=30.0, cores=2, scope="missing")
+    budget = budget_from({"tuningTrials": "500", "tuningMinutes": "10", "tuningScope": "all"}, 4)
+    assert (budget.trials, budget.minutes, budget.cores, budget.scope) == (500, 10.0, 4, "all")
+    with pytest.raises(ValueError, match="tuningScope must be one of missing, all, not 'some'"):
+        budget_from({"tuningScope": "some"}, 2)
 
 
 def test_the_llvm_cpu_comes_from_the_class_isa() -> None:

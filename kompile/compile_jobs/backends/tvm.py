@@ -16,8 +16,9 @@ Steps, each recorded in the artifact's options:
 - in the environment (kompile.compile_jobs.envs.tvm): import at that static shape, the plain 2-D
   convolutions and the ops between them in NCHW{lanes}c, the ISA's fp32 vector width
   (`activationLayout: blocked`), the weights marked layout-free (`weightLayout: prepacked`), tuning
-  of the tasks the database lacks within `tuningTrials` and `tuningMinutes` (a first round by each
-  task's FLOPs, the rest by its measured time in the model), the
+  of the tasks the database lacks (every task, from the database's best, with `tuningScope: all`)
+  within `tuningTrials` and `tuningMinutes` (a first round by each task's FLOPs, the rest by its
+  measured time in the model), the
   database's schedules applied and their weight rewrites folded into the constants, the tuned
   residual kernels written into their residual where nothing reads it after
   (`residualInPlace`), build and export of `model.so`; the artifact records how many tasks came from

@@ -89,8 +89,6 @@ class Steps:
         import tvm
         from tvm import relax
 
-        from kompile.compile_jobs.envs import tvm_tuning
-
         if req["precision"] != "fp32":
             raise StepFailed(f"the tvm backend builds fp32 only, not {req['precision']}")
         options: dict[str, str] = req.get("options") or {}
@@ -133,11 +131,7 @@ class Steps:
             record["activationLayoutKept"] = f"NCHW: the blocked layout failed ({unblocked})"
         state = req.get("state")
         if state:
-            budget = tvm_tuning.Budget(
-                trials=int(options.get("tuningTrials", "0") or 0),
-                minutes=float(options.get("tuningMinutes", "30") or 30),
-                cores=int(target_json.get("num-cores", os.cpu_count() or 1)),
-            )
+            budget = _budget(options, int(target_json.get("num-cores", os.cpu_count() or 1)))
             mod, stats = _tune_and_apply(mod, target, Path(state), budget, out.parent)
             record.update(stats.record())
             if prepack:
@@ -212,8 +206,6 @@ def _compile_cuda(
     import tvm
     from tvm import relax
 
-    from kompile.compile_jobs.envs import tvm_tuning
-
     arch = str(target_json["arch"])
     tvm_cuda.prepare()
     target = tvm.target.Target(tvm_cuda.build_target(target_json))
@@ -224,13 +216,9 @@ def _compile_cuda(
         "activationLayout": "NCHW",
         "pipeline": "dlight-default",
     }
-    budget = tvm_tuning.Budget(
-        trials=int(options.get("tuningTrials", "0") or 0),
-        minutes=float(options.get("tuningMinutes", "30") or 30),
-        # The builder's workers: the cores the pipeline runs with (the run's threads, else this
-        # process's affinity), not the host's count.
-        cores=int(options.get("cores", "0") or 0) or len(os.sched_getaffinity(0)),
-    )
+    # The builder's workers: the cores the pipeline runs with (the run's threads, else this
+    # process's affinity), not the host's count.
+    budget = _budget(options, int(options.get("cores", "0") or 0) or len(os.sched_getaffinity(0)))
     if not state:
         # The pipeline hands a GPU class's database over only on a node with the class's GPU.
         record["tuning"] = "none: no tuning database (a GPU class tunes on a node with its GPU)"
@@ -255,9 +243,19 @@ def _compile_cuda(
     return record | tvm_cuda.check_kernels(executable, arch)
 
 
+def _budget(options: dict[str, str], cores: int) -> Any:
+    """The tuning budget the options name; a scope the catalog would refuse fails the step."""
+    from kompile.compile_jobs.envs import tvm_tuning
+
+    try:
+        return tvm_tuning.budget_from(options, cores)
+    except ValueError as err:
+        raise StepFailed(str(err)) from err
+
+
 def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Path) -> tuple[Any, Any]:
-    """Tune the tasks of `mod` the database in `state` lacks, within `budget`, then apply the
-    database's schedules: the module and the tuning's stats."""
+    """Tune the tasks of `mod` the database in `state` lacks (every task with scope "all"), within
+    `budget`, then apply the database's schedules: the module and the tuning's stats."""
     from tvm import relax
 
     from kompile.compile_jobs.envs import tvm_tuning

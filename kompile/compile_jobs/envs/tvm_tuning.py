@@ -12,8 +12,12 @@ What was measured on 2 loaded cores (TVM 0.27, apache-tvm-ffi 0.1.14.post0) shap
   scheduler's own termination (InternalError "!task->is_terminated"): the budget is kept by tuning
   in rounds (each task one batch per round) with one cost model kept across rounds.
 
-Tasks whose workload already has a record in the database are not tuned again: the fleet tunes each
-operator shape once. Imports only the standard library and this environment's packages.
+Tasks whose workload already has a record in the database are not tuned again (`scope` "missing"):
+the fleet tunes each operator shape once. With `scope` "all" a compile spends its budget on every task
+of the model, the ones that cost most in it first, each search starting from the database's best: a
+class's schedules keep improving over later compiles (ResNet-50's convolutions got 64-128 trials each
+in a first 30-minute tuning on 2 cores, and their best was still falling). Imports only the standard
+library and this environment's packages.
 """
 
 from __future__ import annotations
@@ -47,6 +51,24 @@ class Budget:
     per_batch: int = 64
     """Most candidates measured per task and round: each batch costs one evolutionary search
     (seconds whatever the batch), so larger batches measure more candidates per minute."""
+    scope: str = "missing"
+    """missing: only the tasks the database lacks; all: every task, by its time in the model."""
+
+
+SCOPES = ("missing", "all")
+
+
+def budget_from(options: dict[str, str], cores: int) -> Budget:
+    """The budget the step's options name (`tuningTrials`, `tuningMinutes`, `tuningScope`)."""
+    scope = options.get("tuningScope", "missing") or "missing"
+    if scope not in SCOPES:
+        raise ValueError(f"tuningScope must be one of {', '.join(SCOPES)}, not {scope!r}")
+    return Budget(
+        trials=int(options.get("tuningTrials", "0") or 0),
+        minutes=float(options.get("tuningMinutes", "30") or 30),
+        cores=cores,
+        scope=scope,
+    )
 
 
 @dataclass
@@ -55,6 +77,8 @@ class TuneStats:
     """Tuning tasks of the model (distinct fused kernels)."""
     reused: int = 0
     """Tasks whose best schedule was already in the database (the shared database's hits)."""
+    refined: int = 0
+    """Of those, the tasks measured again now (scope "all")."""
     tuned: int = 0
     """Tasks that got their first record now (the time budget may stop before every task had one)."""
     trials: int = 0
@@ -64,6 +88,7 @@ class TuneStats:
     seconds: float = 0.0
     stopped_by_time: bool = False
     rounds: int = 0
+    scope: str = "missing"
 
     def record(self) -> dict[str, str]:
         hit = self.reused / self.tasks if self.tasks else 0.0
@@ -72,12 +97,14 @@ class TuneStats:
             "tuningTasksFromDatabase": str(self.reused),
             "tuningDatabaseHitRate": f"{hit:.2f}",
             "tuningTasksTuned": str(self.tuned),
+            "tuningTasksRefined": str(self.refined),
             "tuningTrialsRun": str(self.trials),
             "tuningRecordsBefore": str(self.records_before),
             "tuningRecordsAfter": str(self.records_after),
             "tuningSeconds": f"{self.seconds:.1f}",
             "tuningStoppedByTime": str(self.stopped_by_time).lower(),
             "tuningRounds": str(self.rounds),
+            "tuningScope": self.scope,
         }
 
 
@@ -103,15 +130,25 @@ def _has_record(database: Any, task: Any) -> bool:
     return _best_record(database, task) is not None
 
 
+def _trials_of(database: Any, task: Any) -> int:
+    """The task's valid records in the database (its measured candidates that ran)."""
+    mod = task.dispatched[0]
+    if not database.has_workload(mod):
+        return 0
+    return len(database.get_top_k(database.commit_workload(mod), 1 << 30))
+
+
 def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> TuneStats:
-    """Tune the tasks of `mod` that the database lacks, into the database, within the budget."""
+    """Tune the tasks of `mod` that the database lacks (or, with scope "all", every task), into the
+    database, within the budget."""
     from tvm.s_tir import meta_schedule as ms
 
     start = time.monotonic()
     tasks = ms.relax_integration.extract_tasks(mod, target)
-    stats = TuneStats(tasks=len(tasks), records_before=len(database))
-    todo = [t for t in tasks if not _has_record(database, t)]
-    stats.reused = len(tasks) - len(todo)
+    stats = TuneStats(tasks=len(tasks), records_before=len(database), scope=budget.scope)
+    known = [_has_record(database, t) for t in tasks]
+    stats.reused = sum(known)
+    todo = list(tasks) if budget.scope == "all" else [t for t, k in zip(tasks, known, strict=True) if not k]
     if budget.trials <= 0 or not todo:
         stats.records_after, stats.seconds = len(database), time.monotonic() - start
         return stats
@@ -131,8 +168,11 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     runner = runner_for(target)
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
     deadline = start + budget.minutes * 60
+    # Where some tasks already have records (scope "all"), even the first round goes by time.
+    by_time = any(_has_record(database, t) for t in todo)
+    trials_before = {id(t): _trials_of(database, t) for t in todo}
     while stats.trials < budget.trials:
-        if stats.rounds:
+        if stats.rounds or by_time:
             # Every task has been measured: the trials left follow each task's time in the model
             # now, not its FLOPs. A ResNet-50 max pool whose first 8 candidates took 0.68 ms (its
             # FLOPs gave it no more) gets its next batch and runs in 0.03 ms.
@@ -141,7 +181,7 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
         pending = [i for i in range(len(todo)) if spent[i] < allotted[i]]
         if not pending:
             break
-        if stats.rounds:
+        if stats.rounds or by_time:
             pending.sort(key=lambda i: times[i], reverse=True)
         stats.rounds += 1
         before = stats.trials
@@ -161,7 +201,8 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
         # than asked): a round that records nothing new ends the tuning.
         if stats.stopped_by_time or stats.trials == before:
             break
-    stats.tuned = sum(1 for t in todo if _has_record(database, t))
+    stats.tuned = sum(1 for t in todo if trials_before[id(t)] == 0 and _has_record(database, t))
+    stats.refined = sum(1 for t in todo if 0 < trials_before[id(t)] < _trials_of(database, t))
     stats.records_after, stats.seconds = len(database), time.monotonic() - start
     return stats
 
@@ -215,15 +256,20 @@ def task_time(database: Any, task: Any) -> float:
 
 def reallot(spent: list[int], times: list[float], left: int, least: int) -> list[int]:
     """Each task's allotment for the trials `left`: what it has spent plus its share of them by its
-    time in the model; a share under `least` (too small for a useful batch) is dropped, and a task
-    with no valid record yet counts as the slowest one."""
+    time in the model; a share under `least` (too small for a useful batch) is dropped unless every
+    share is (then the slowest task gets them all), and a task with no valid record yet counts as the
+    slowest one."""
     slowest = max(times, default=0.0)
     weights = [t if t > 0 else slowest for t in times]
     total = sum(weights)
     if total <= 0 or left <= 0:
         return list(spent)
     shares = [int(left * w / total) for w in weights]
-    return [s + (share if share >= least else 0) for s, share in zip(spent, shares, strict=True)]
+    if all(share < least for share in shares):
+        # A budget too small to split into useful batches goes to the slowest task whole (a
+        # refining compile with a few dozen trials and several tasks would otherwise measure none).
+        shares = [left if i == weights.index(max(weights)) else 0 for i in range(len(weights))]
+    return [s + (share if share >= min(least, left) else 0) for s, share in zip(spent, shares, strict=True)]
 
 
 def _tune_one(
