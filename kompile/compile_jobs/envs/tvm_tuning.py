@@ -117,25 +117,23 @@ def open_database(folder: Path) -> Any:
     )
 
 
-def _best_record(database: Any, task: Any) -> Any:
-    """The task's best tuning record in the database, or None."""
+def _top(database: Any, task: Any, k: int) -> list[Any]:
+    """The task's `k` best valid tuning records in the database (none where it lacks the task)."""
     mod = task.dispatched[0]
     if not database.has_workload(mod):
-        return None
-    top = database.get_top_k(database.commit_workload(mod), 1)
+        return []
+    return list(database.get_top_k(database.commit_workload(mod), k))
+
+
+def _best_record(database: Any, task: Any) -> Any:
+    """The task's best tuning record in the database, or None."""
+    top = _top(database, task, 1)
     return top[0] if top else None
-
-
-def _has_record(database: Any, task: Any) -> bool:
-    return _best_record(database, task) is not None
 
 
 def _trials_of(database: Any, task: Any) -> int:
     """The task's valid records in the database (its measured candidates that ran)."""
-    mod = task.dispatched[0]
-    if not database.has_workload(mod):
-        return 0
-    return len(database.get_top_k(database.commit_workload(mod), 1 << 30))
+    return len(_top(database, task, 1 << 30))
 
 
 def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> TuneStats:
@@ -146,9 +144,10 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     start = time.monotonic()
     tasks = ms.relax_integration.extract_tasks(mod, target)
     stats = TuneStats(tasks=len(tasks), records_before=len(database), scope=budget.scope)
-    known = [_has_record(database, t) for t in tasks]
-    stats.reused = sum(known)
-    todo = list(tasks) if budget.scope == "all" else [t for t, k in zip(tasks, known, strict=True) if not k]
+    # Each task's valid records now: whether the database knows it, and later whether it got more.
+    before = {id(t): _trials_of(database, t) for t in tasks}
+    stats.reused = sum(1 for t in tasks if before[id(t)])
+    todo = list(tasks) if budget.scope == "all" else [t for t in tasks if not before[id(t)]]
     if budget.trials <= 0 or not todo:
         stats.records_after, stats.seconds = len(database), time.monotonic() - start
         return stats
@@ -169,8 +168,7 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
     deadline = start + budget.minutes * 60
     # Where some tasks already have records (scope "all"), even the first round goes by time.
-    by_time = any(_has_record(database, t) for t in todo)
-    trials_before = {id(t): _trials_of(database, t) for t in todo}
+    by_time = any(before[id(t)] for t in todo)
     while stats.trials < budget.trials:
         if stats.rounds or by_time:
             # Every task has been measured: the trials left follow each task's time in the model
@@ -184,7 +182,7 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
         if stats.rounds or by_time:
             pending.sort(key=lambda i: times[i], reverse=True)
         stats.rounds += 1
-        before = stats.trials
+        round_start = stats.trials
         # A round: every unfinished task, one batch each, heaviest first; the time budget is
         # checked before each task's batch (a batch takes seconds to a minute on 2 cores).
         for i in pending:
@@ -199,10 +197,11 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
             stats.trials = len(database) - stats.records_before
         # A task's small search space can run dry (MetaSchedule then measures fewer candidates
         # than asked): a round that records nothing new ends the tuning.
-        if stats.stopped_by_time or stats.trials == before:
+        if stats.stopped_by_time or stats.trials == round_start:
             break
-    stats.tuned = sum(1 for t in todo if trials_before[id(t)] == 0 and _has_record(database, t))
-    stats.refined = sum(1 for t in todo if 0 < trials_before[id(t)] < _trials_of(database, t))
+    after = {id(t): _trials_of(database, t) for t in todo}
+    stats.tuned = sum(1 for t in todo if before[id(t)] == 0 < after[id(t)])
+    stats.refined = sum(1 for t in todo if 0 < before[id(t)] < after[id(t)])
     stats.records_after, stats.seconds = len(database), time.monotonic() - start
     return stats
 
@@ -268,8 +267,9 @@ def reallot(spent: list[int], times: list[float], left: int, least: int) -> list
     if all(share < least for share in shares):
         # A budget too small to split into useful batches goes to the slowest task whole (a
         # refining compile with a few dozen trials and several tasks would otherwise measure none).
-        shares = [left if i == weights.index(max(weights)) else 0 for i in range(len(weights))]
-    return [s + (share if share >= min(least, left) else 0) for s, share in zip(spent, shares, strict=True)]
+        heaviest = weights.index(max(weights))
+        return [s + (left if i == heaviest else 0) for i, s in enumerate(spent)]
+    return [s + (share if share >= least else 0) for s, share in zip(spent, shares, strict=True)]
 
 
 def _tune_one(
