@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.cli import app
+from kompile.compile_jobs import build
 from tests.pipeline.conftest import small_cnn_doc
 
 FAST = {"name": "fast", "backend": "null"}
@@ -237,11 +238,15 @@ def test_figures_that_never_settle_are_marked_everywhere(kompile_run, write_mani
 
 
 def test_precision_auto_climbs_the_ladder_and_remedies_stop_at_the_first_pass(
-    kompile_run, write_manifest
+    kompile_run, write_manifest, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     """precision auto: int8 first; a failed generated int8 tries its backend's remedies in order and
     the first that passes ends the climb, the slower rungs listed as not tried. Without remedies the
-    ladder goes on to bf16, fp16 and fp32 (every rung noisy here, so none passes)."""
+    ladder goes on to bf16, fp16 and fp32 (every rung noisy here, so none passes); on a CPU without
+    bf16 units the bf16 rung is left out with a note."""
+    # The ladder as on a CPU with bf16 units, whatever this machine has (an AVX2-only CPU drops the
+    # bf16 rung: the last case below).
+    monkeypatch.setattr(build, "has_fast_bf16", lambda: True)
     noisy = {"name": "cpu", "backend": "null", "precision": "auto", "options": {"perturb": "0.5"}}
     bench = {"batchSizes": [1], "warmup": 1, "iterations": 3, "maxIterations": 3}
     res = kompile_run(write_manifest(small_cnn_doc(targets=[noisy], benchmark=bench)), "--no-register")
@@ -264,6 +269,16 @@ def test_precision_auto_climbs_the_ladder_and_remedies_stop_at_the_first_pass(
     (t,) = res.status["targets"]
     assert [c["name"] for c in t["candidates"]] == ["null-int8", "null-bf16", "null-fp16", "null-fp32"]
     assert t["reason"] == "NoCandidateValidated" and not t["notOffered"]
+
+    monkeypatch.setattr(build, "has_fast_bf16", lambda: False)
+    res = kompile_run(
+        write_manifest(small_cnn_doc(targets=[plain], benchmark=bench), "no-bf16.yaml"), "--no-register"
+    )
+    assert res.code == 1
+    (t,) = res.status["targets"]
+    assert [c["name"] for c in t["candidates"]] == ["null-int8", "null-fp16", "null-fp32"]
+    (note,) = t["notOffered"]
+    assert note.startswith("null bf16: this CPU") and "has no bf16 instructions" in note, note
 
 
 def test_time_budget_skips_candidates_not_yet_started(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
