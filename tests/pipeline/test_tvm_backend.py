@@ -17,7 +17,7 @@ import torch
 from kompile.api.spec import Target
 from kompile.compile_jobs.backends import tvm as tvm_backend
 from kompile.compile_jobs.backends.base import BackendError, Feeds, get_backend
-from kompile.compile_jobs.backends.tvm import TvmRunner, class_options
+from kompile.compile_jobs.backends.tvm import TvmRunner
 from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.build import compile_request
 from kompile.compile_jobs.envs import write_arrays
@@ -407,7 +407,7 @@ def test_a_graph_the_blocked_layout_refuses_is_built_as_exported(feeds: list[Fee
         "precision": "fp32",
         "out": str(tmp_path / "model.so"),
         # This machine's class (the library runs here: AVX-512 code would die of SIGILL on AVX2).
-        "options": class_options(1),
+        "options": tvm_backend.class_options(1),
     }
     script = tmp_path / "refusing_step.py"
     script.write_text(REFUSING_STEP)
