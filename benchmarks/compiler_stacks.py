@@ -13,6 +13,8 @@ the figures.
     python benchmarks/compiler_stacks.py --models resnet50,bert_base --threads 2 \
         --tvm-trials 2000 --tvm-minutes 30 --out benchmarks/results/compiler-stacks-<date>-<cpu>.json
 
+`--tvm-verify 8,0` builds tuned TVM twice: with each kernel's 8 best records re-measured on this
+machine before the build (the default) and with the database's best as recorded.
 `--tvm-untuned no` leaves untuned TVM out (on BERT-base it takes minutes a call, and its timing
 rounds would take most of the run).
 """
@@ -45,6 +47,10 @@ layout's kernels are their own workloads, so each tunes within the whole budget 
 TVM_UNTUNED: list[bool] = [True]
 """Whether untuned TVM is built and timed (--tvm-untuned yes|no): on BERT-base it takes minutes a
 call, so its timing rounds would take most of the run."""
+TVM_VERIFY: list[str] = []
+"""The tuningVerify values TVM is built with (--tvm-verify, default 8): each its own runtime, named
+`tvm-tuned-verify<N>` but for the default, so a run can time the database's best as recorded (0)
+beside the best re-measured on this machine."""
 TVM_MODELS: set[str] = set()
 """The models TVM builds (--tvm-models): untuned TVM runs a call in seconds, so each left out saves
 minutes of timing rounds."""
@@ -76,8 +82,16 @@ def add_tvm(run: CaseRun) -> None:
         add_untuned_tvm(run)
     # Tuned with prepacked weights (the default) and with the weights in the ONNX layout: each
     # layout has its own records in the database, so each is tuned (or reused) on its own.
-    tuned = [(LAYOUT_NAMES[lay], "tvm", "fp32", None, {**BUDGET, "weightLayout": lay}) for lay in TVM_LAYOUTS]
+    tuned = [
+        (_tvm_name(lay, v), "tvm", "fp32", None, {**BUDGET, "weightLayout": lay, "tuningVerify": v})
+        for lay in TVM_LAYOUTS
+        for v in TVM_VERIFY
+    ]
     add_built(run, tuned)
+
+
+def _tvm_name(layout: str, verify: str) -> str:
+    return LAYOUT_NAMES[layout] + ("" if verify == "8" else f"-verify{verify}")
 
 
 def add_untuned_tvm(run: CaseRun) -> None:
@@ -116,6 +130,7 @@ def _budget(argv: list[str]) -> list[str]:
     p.add_argument("--tvm-layouts", default="prepacked,as-is", help="weightLayout values, comma-separated")
     p.add_argument("--tvm-untuned", choices=["yes", "no"], default="yes")
     p.add_argument("--tvm-winograd", choices=["on", "off"], default="off")
+    p.add_argument("--tvm-verify", default="8", help="tuningVerify values, comma-separated")
     names = [spec[0] for spec in all_stacks()]
     p.add_argument("--stacks", default=",".join(names), help="the other stacks timed beside TVM, or none")
     known, rest = p.parse_known_args(argv)
@@ -128,6 +143,9 @@ def _budget(argv: list[str]) -> list[str]:
         p.error(f"--tvm-layouts: {', '.join(sorted(unknown))}; choose from {', '.join(LAYOUT_NAMES)}")
     BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes, winograd=known.tvm_winograd)
     TVM_MODELS.update(known.tvm_models.split(","))
+    TVM_VERIFY.extend(known.tvm_verify.split(","))
+    if bad := [v for v in TVM_VERIFY if not v.isdigit()]:
+        p.error(f"--tvm-verify: {', '.join(bad)}; give counts, e.g. 8,0")
     return rest
 
 

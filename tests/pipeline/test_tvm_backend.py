@@ -247,15 +247,29 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     assert int(s["tuningTasksFromDatabase"]) > 0
     assert float(s["tuningDatabaseHitRate"]) > 0
     assert s["pipeline"] == "metaschedule-database+default"
+    # Each shared kernel's best records (up to tuningVerify, 8) were re-measured on this machine before
+    # the build, the fastest here applied: all of them built and ran, and the .so validated above.
+    verified, changed = int(s["tuningVerifiedKernels"]), int(s["tuningVerifyChanged"])
+    assert s["tuningVerifyCandidates"] == "8" and s["tuningVerifyFailed"] == "0"
+    assert 0 < verified <= int(s["tuningTasksFromDatabase"]) and 0 <= changed <= verified
+    assert float(s["tuningVerifySavedMs"]) >= 0 and float(s["tuningVerifySeconds"]) > 0
 
     # tuningScope all: the first model again, every task in the database already; the budget goes to
     # the tasks that cost most, each search from the database's best, and the shared database grows.
     third, runner, verdict = _build(
-        _cnn(10), feeds, tmp_path / "c", shared, tuningTrials="8", tuningMinutes="5", tuningScope="all"
+        _cnn(10),
+        feeds,
+        tmp_path / "c",
+        shared,
+        tuningTrials="8",
+        tuningMinutes="5",
+        tuningScope="all",
+        tuningVerify="0",
     )
     runner.close()
     assert verdict.passed, verdict.failures
     t = third.options
+    assert "tuningVerifiedKernels" not in t  # tuningVerify 0: the database's best as recorded
     assert t["tuningScope"] == "all" and t["tuningTasksFromDatabase"] == t["tuningTasks"]
     assert t["tuningTasksTuned"] == "0" and int(t["tuningTasksRefined"]) >= 1
     assert int(t["tuningRecordsAfter"]) > int(t["tuningRecordsBefore"])

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from kompile.compile_jobs.envs.tvm_target import mcpu_for, vector_lanes
-from kompile.compile_jobs.envs.tvm_tuning import Budget, allot_trials, budget_from, reallot, search_population
+from kompile.compile_jobs.envs.tvm_tuning import (
+    Budget,
+    allot_trials,
+    budget_from,
+    reallot,
+    search_population,
+    verify_reserve,
+)
+from kompile.compile_jobs.envs.tvm_verify import pick
 
 
 def test_trials_follow_the_flops_with_a_floor_for_light_tasks() -> None:
@@ -52,6 +60,25 @@ def test_the_budget_and_its_scope_come_from_the_options() -> None:
     assert (budget.trials, budget.minutes, budget.cores, budget.scope) == (500, 10.0, 4, "all")
     with pytest.raises(ValueError, match="tuningScope must be one of missing, all, not 'some'"):
         budget_from({"tuningScope": "some"}, 2)
+    assert budget.verify == 8  # the default: each kernel's 8 best re-measured on the node
+    assert budget_from({"tuningVerify": "0"}, 2).verify == 0
+
+
+def test_the_re_measuring_is_paid_from_the_tuning_minutes_at_most_a_quarter() -> None:
+    # ResNet-50: 30 tasks x 8 candidates x 0.75 s on 2 cores = 180 s of a 30-minute budget.
+    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=8)) == pytest.approx(180.0)
+    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=4, verify=8)) == pytest.approx(90.0)
+    assert verify_reserve(30, Budget(trials=2000, minutes=4, cores=2, verify=8)) == pytest.approx(60.0)
+    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=1)) == 0.0
+
+
+def test_the_fastest_median_here_wins_and_the_database_order_breaks_ties() -> None:
+    # Seconds per round of each candidate, the database's best first: the second is faster here.
+    assert pick([[1.81e-3, 1.80e-3, 2.1e-3], [1.36e-3, 1.37e-3, 1.9e-3], [1.5e-3]]) == 1
+    assert pick([[1e-3, 1e-3], [1e-3, 1e-3]]) == 0
+    # A candidate that never ran here is out of the choice; none ran: -1 (the record as stored).
+    assert pick([[], [2e-3], [3e-3]]) == 1
+    assert pick([[], []]) == -1
 
 
 def test_the_llvm_cpu_comes_from_the_class_isa() -> None:

@@ -34,6 +34,15 @@ class TvmOptions(BackendOptions):
         "compile improves the class's schedules (a first 30-minute tuning of ResNet-50 on 2 cores gives "
         "its convolutions 64-128 trials each).",
     )
+    tuning_verify: Count = Field(
+        default=8,
+        description="Best schedules per kernel that the class's tuning database holds, re-measured on the "
+        "compiling node (interleaved rounds) before the build, the fastest applied: a record is one "
+        "measurement, on whichever node of the class took it (on 2-core AVX2 EPYC VMs a kernel's two "
+        "best records, 1.25 ms each, ran at 1.81 and 1.36 ms on another such node a day later). Paid "
+        "from tuningMinutes when the compile tunes (ResNet-50 with 8: 167 s on 2 cores); 0 or 1: the "
+        "database's best as recorded. CPU classes only.",
+    )
     weight_layout: Literal["prepacked", "as-is"] = Field(
         default="prepacked",
         description="prepacked: each tuned kernel reads the weights in the blocked layout its schedule "

@@ -6,8 +6,9 @@ onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
   weights marked layout-free unless `weightLayout: as-is`, its 3x3 stride-1 convolutions as
   Winograd F(4x4, 3x3) with `winograd: on` (kompile.compile_jobs.envs.tvm_winograd), then MetaSchedule
   (kompile.compile_jobs.envs.tvm_tuning) into the request's `state` folder, the hardware class's
-  shared tuning database, within the target's trial and time budget; the database's best schedules
-  are applied (also when no trial is run: what the fleet tuned before is free), their weight
+  shared tuning database, within the target's trial and time budget; the database's best schedules,
+  each kernel's few best re-measured on this node (kompile.compile_jobs.envs.tvm_verify), are
+  applied (also when no trial is run: what the fleet tuned before is free), their weight
   rewrites folded into the constants, the tuned residual kernels made to write into their residual
   where nothing reads it after (kompile.compile_jobs.envs.tvm_inplace), and the module is built for
   the class's CPU (`target_for`) into a shared library;
@@ -37,6 +38,7 @@ from kompile.compile_jobs.envs import (
     read_arrays,
     tvm_cuda,
     tvm_inplace,
+    tvm_verify,
     tvm_winograd,
     write_arrays,
 )
@@ -266,6 +268,19 @@ def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Pa
             stats = tvm_tuning.tune(mod, target, database, budget, scratch / "tvm-tuning-logs")
     except TVM_ERRORS as err:
         raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
+    if str(target.kind.name) == "llvm" and budget.verify > 1:
+        # The database's best few per kernel re-measured here, the fastest applied
+        # (kompile.compile_jobs.envs.tvm_verify); on GPUs each record is applied as measured.
+        try:
+            with target:
+                database, verified = tvm_verify.verified_database(
+                    mod, target, database, budget.verify, budget.cores
+                )
+        except TVM_ERRORS as err:
+            raise StepFailed(
+                f"re-measuring the tuning database's best schedules failed: {_first_line(err)}"
+            ) from err
+        stats.verified = verified.record()
     with target, database:
         return relax.transform.MetaScheduleApplyDatabase()(mod), stats
 

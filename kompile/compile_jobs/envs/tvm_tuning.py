@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ class Budget:
     (seconds whatever the batch), so larger batches measure more candidates per minute."""
     scope: str = "missing"
     """missing: only the tasks the database lacks; all: every task, by its time in the model."""
+    verify: int = 8
+    """Best records per kernel re-measured on this node before the build (tvm_verify); < 2: none."""
 
 
 SCOPES = ("missing", "all")
@@ -68,6 +70,7 @@ def budget_from(options: dict[str, str], cores: int) -> Budget:
         minutes=float(options.get("tuningMinutes", "30") or 30),
         cores=cores,
         scope=scope,
+        verify=int(options.get("tuningVerify", "8") or 0),
     )
 
 
@@ -89,10 +92,12 @@ class TuneStats:
     stopped_by_time: bool = False
     rounds: int = 0
     scope: str = "missing"
+    verified: dict[str, str] = field(default_factory=dict)
+    """What re-measuring the database's best on this node did (tvm_verify's record); empty: not run."""
 
     def record(self) -> dict[str, str]:
         hit = self.reused / self.tasks if self.tasks else 0.0
-        return {
+        return self.verified | {
             "tuningTasks": str(self.tasks),
             "tuningTasksFromDatabase": str(self.reused),
             "tuningDatabaseHitRate": f"{hit:.2f}",
@@ -166,7 +171,9 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     )
     runner = runner_for(target)
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
-    deadline = start + budget.minutes * 60
+    # The re-measuring of the best schedules after the tuning (tvm_verify) is paid from the same
+    # minutes, so that a compile keeps to its budget.
+    deadline = start + budget.minutes * 60 - verify_reserve(len(tasks), budget)
     # Where some tasks already have records (scope "all"), even the first round goes by time.
     by_time = any(before[id(t)] for t in todo)
     while stats.trials < budget.trials:
@@ -219,6 +226,18 @@ def runner_for(target: Any) -> Any:
             timeout_sec=60, evaluator_config=config, initializer=tvm_cuda.runner_worker
         )
     return ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
+
+
+VERIFY_SECONDS = 0.75
+"""A candidate's build and interleaved timing in tvm_verify on 2 cores (ResNet-50's 28 kernels x 8
+candidates: 167 s)."""
+
+
+def verify_reserve(tasks: int, budget: Budget) -> float:
+    """Seconds of the tuning's time budget kept for re-measuring its best schedules: at most a quarter."""
+    if budget.verify < 2:
+        return 0.0
+    return min(budget.minutes * 15.0, tasks * budget.verify * VERIFY_SECONDS * 2 / max(2, budget.cores))
 
 
 MIN_TRIALS = 8

@@ -1,0 +1,169 @@
+"""The shared database's best schedules re-measured on this node before a build (the `tvm`
+environment's steps, kompile.compile_jobs.envs.tvm): for each kernel of the model, its `k` best
+distinct records are built and timed here in interleaved rounds, and the fastest is applied.
+
+Why: a record's time is one measurement, taken on whichever node of the class tuned it. On 2-core
+AMD EPYC (Zen 3, AVX2) VMs, the database of an earlier session's tuning ranked ResNet-50's 3x3
+128-channel kernel's two best schedules 1.254 and 1.258 ms; re-measured a day later on another such
+node they took 1.81 and 1.36 ms (3.99 and 2.70 ms on one thread), and its 1x1 256->1024 kernel's
+third best ran at 1.29 ms where it had recorded 0.58. A hardware class names an ISA, not a
+microarchitecture or a host's neighbours, and the best of thousands of noisy measurements is the
+luckiest of them; the node that builds is the one the artifact runs on.
+
+Imports only the standard library and this environment's packages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kompile.compile_jobs.envs import tvm_tuning
+
+ROUNDS = 5
+"""Interleaved rounds: each times every candidate of a kernel once, in a rotated order, so that a
+node's drift (a neighbour's load, the clock) falls on all of them; the median of its rounds counts."""
+MIN_REPEAT_MS = 25
+"""Each timing repeats the kernel for at least this long (MetaSchedule's runner, in one worker)."""
+
+
+@dataclass
+class VerifyStats:
+    candidates: int = 0
+    """Most records re-measured per kernel (the `tuningVerify` option)."""
+    kernels: int = 0
+    """Kernels with two or more distinct records in the database, re-measured."""
+    changed: int = 0
+    """Of those, the kernels whose fastest here was not the database's best."""
+    saved_ms: float = 0.0
+    """One model call's time saved by the changes, as re-measured here (each kernel's calls counted)."""
+    failed: int = 0
+    """Candidates that did not build or run here (left out of the choice)."""
+    seconds: float = 0.0
+
+    def record(self) -> dict[str, str]:
+        return {
+            "tuningVerifyCandidates": str(self.candidates),
+            "tuningVerifiedKernels": str(self.kernels),
+            "tuningVerifyChanged": str(self.changed),
+            "tuningVerifySavedMs": f"{self.saved_ms:.3f}",
+            "tuningVerifyFailed": str(self.failed),
+            "tuningVerifySeconds": f"{self.seconds:.1f}",
+        }
+
+
+def distinct_top(database: Any, task: Any, k: int) -> list[Any]:
+    """The task's `k` best records with distinct schedules (a merged database may hold one schedule
+    measured twice)."""
+    seen: set[str] = set()
+    out = []
+    for record in tvm_tuning._top(database, task, 4 * k):
+        key = str(record.trace.as_json())  # holds IntImm decisions: their text, not JSON
+        if key not in seen:
+            seen.add(key)
+            out.append(record)
+        if len(out) == k:
+            break
+    return out
+
+
+def pick(times: list[list[float]]) -> int:
+    """The candidate with the lowest median time (the database's order breaks ties); -1 where none ran."""
+    medians = [statistics.median(t) if t else float("inf") for t in times]
+    best = min(range(len(medians)), key=lambda i: (medians[i], i), default=-1)
+    return best if best >= 0 and medians[best] != float("inf") else -1
+
+
+def verified_database(mod: Any, target: Any, database: Any, k: int, cores: int) -> tuple[Any, VerifyStats]:
+    """A database holding, for each of `mod`'s kernels that `database` knows, one record: the fastest
+    here of its `k` best (the best as recorded where `k` < 2, where it has one schedule, or where none
+    of the others ran here)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    start = time.monotonic()
+    stats = VerifyStats(candidates=k)
+    chosen = ms.database.MemoryDatabase(module_equality="structural")
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    contested: list[tuple[Any, list[Any]]] = []
+    for task in tasks:
+        records = distinct_top(database, task, max(1, k))
+        if len(records) > 1:
+            contested.append((task, records))
+        elif records:
+            _commit(chosen, task, records[0])
+    if contested:
+        os.environ["TVM_NUM_THREADS"] = str(cores)  # the runner's worker inherits it
+        tvm_tuning.load_cpu_intrinsics(str(target.kind.name), str(target.attrs.get("mtriple", "")))
+        times = _measure(contested, target, cores, stats)
+        for (task, records), per in zip(contested, times, strict=True):
+            best = pick(per)
+            _commit(chosen, task, records[max(best, 0)])
+            stats.kernels += 1
+            if best > 0:
+                stats.changed += 1
+                saved = statistics.median(per[0]) - statistics.median(per[best]) if per[0] else 0.0
+                stats.saved_ms += max(0.0, saved) * 1e3 * max(1, int(task.weight))
+    stats.seconds = time.monotonic() - start
+    return chosen, stats
+
+
+def _commit(database: Any, task: Any, record: Any) -> None:
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = database.commit_workload(task.dispatched[0])
+    database.commit_tuning_record(
+        ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info)
+    )
+
+
+def _measure(
+    contested: list[tuple[Any, list[Any]]], target: Any, cores: int, stats: VerifyStats
+) -> list[list[list[float]]]:
+    """Each candidate's times here (seconds, one per round; none where it failed to build or run):
+    all candidates built at once by MetaSchedule's builder, then each kernel's timed in rounds."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    inputs, owners = [], []
+    for t, (task, records) in enumerate(contested):
+        for c, record in enumerate(records):
+            sch = tvm.s_tir.Schedule(task.dispatched[0])
+            record.trace.apply_to_schedule(sch, remove_postproc=False)
+            inputs.append(ms.builder.BuilderInput(sch.mod, target))
+            owners.append((t, c))
+    builder = ms.builder.LocalBuilder(
+        max_workers=cores, timeout_sec=tvm_tuning.builder_timeout(cores), f_build=tvm_tuning.build
+    )
+    built = builder.build(inputs)
+    times: list[list[list[float]]] = [[[] for _ in records] for _, records in contested]
+    artifacts: dict[tuple[int, int], str] = {}
+    for owner, result in zip(owners, built, strict=True):
+        if result.error_msg is None and result.artifact_path:
+            artifacts[owner] = result.artifact_path
+        else:
+            stats.failed += 1
+    config = ms.runner.EvaluatorConfig(number=1, repeat=1, min_repeat_ms=MIN_REPEAT_MS)
+    runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
+    device = "cpu"  # verify runs on llvm targets only (the runner takes a device, not a target kind)
+    try:
+        for t, (_, records) in enumerate(contested):
+            alive = [c for c in range(len(records)) if (t, c) in artifacts]
+            for r in range(ROUNDS):
+                order = alive[r % len(alive) :] + alive[: r % len(alive)] if alive else []
+                runs = [ms.runner.RunnerInput(artifacts[(t, c)], device, records[c].args_info) for c in order]
+                for c, future in zip(order, runner.run(runs), strict=True):
+                    result = future.result()
+                    if result.error_msg is None and result.run_secs:
+                        times[t][c].append(float(result.run_secs[0]))
+            for c in alive:
+                if not times[t][c]:
+                    stats.failed += 1
+    finally:
+        for path in artifacts.values():
+            shutil.rmtree(Path(path).parent, ignore_errors=True)
+    return times
