@@ -66,10 +66,18 @@ def test_the_budget_and_its_scope_come_from_the_options() -> None:
 
 def test_the_re_measuring_is_paid_from_the_tuning_minutes_at_most_a_quarter() -> None:
     # ResNet-50: 30 tasks x 8 candidates x 0.75 s on 2 cores = 180 s of a 30-minute budget.
-    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=8)) == pytest.approx(180.0)
-    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=4, verify=8)) == pytest.approx(90.0)
-    assert verify_reserve(30, Budget(trials=2000, minutes=4, cores=2, verify=8)) == pytest.approx(60.0)
-    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=1)) == 0.0
+    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=8), "llvm") == pytest.approx(
+        180.0
+    )
+    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=4, verify=8), "llvm") == pytest.approx(
+        90.0
+    )
+    assert verify_reserve(30, Budget(trials=2000, minutes=4, cores=2, verify=8), "llvm") == pytest.approx(
+        60.0
+    )
+    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=1), "llvm") == 0.0
+    # A GPU class applies its records as measured: its tuning keeps the whole budget.
+    assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=8), "cuda") == 0.0
 
 
 def test_the_fastest_median_here_wins_and_the_database_order_breaks_ties() -> None:

@@ -268,9 +268,9 @@ def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Pa
             stats = tvm_tuning.tune(mod, target, database, budget, scratch / "tvm-tuning-logs")
     except TVM_ERRORS as err:
         raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
-    if str(target.kind.name) == "llvm" and budget.verify > 1:
+    if tvm_tuning.verifies(str(target.kind.name), budget):
         # The database's best few per kernel re-measured here, the fastest applied
-        # (kompile.compile_jobs.envs.tvm_verify); on GPUs each record is applied as measured.
+        # (kompile.compile_jobs.envs.tvm_verify).
         try:
             with target:
                 database, verified = tvm_verify.verified_database(

@@ -173,7 +173,7 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=budget.cores)
     # The re-measuring of the best schedules after the tuning (tvm_verify) is paid from the same
     # minutes, so that a compile keeps to its budget.
-    deadline = start + budget.minutes * 60 - verify_reserve(len(tasks), budget)
+    deadline = start + budget.minutes * 60 - verify_reserve(len(tasks), budget, str(target.kind.name))
     # Where some tasks already have records (scope "all"), even the first round goes by time.
     by_time = any(before[id(t)] for t in todo)
     while stats.trials < budget.trials:
@@ -233,9 +233,16 @@ VERIFY_SECONDS = 0.75
 candidates: 167 s)."""
 
 
-def verify_reserve(tasks: int, budget: Budget) -> float:
-    """Seconds of the tuning's time budget kept for re-measuring its best schedules: at most a quarter."""
-    if budget.verify < 2:
+def verifies(kind: str, budget: Budget) -> bool:
+    """Whether the build re-measures the database's best schedules (tvm_verify): on CPUs (`llvm`)
+    with two or more candidates a kernel; on GPUs each record is applied as measured."""
+    return kind == "llvm" and budget.verify > 1
+
+
+def verify_reserve(tasks: int, budget: Budget, kind: str) -> float:
+    """Seconds of the tuning's time budget kept for re-measuring its best schedules: at most a
+    quarter; none where the build does not re-measure."""
+    if not verifies(kind, budget):
         return 0.0
     return min(budget.minutes * 15.0, tasks * budget.verify * VERIFY_SECONDS * 2 / max(2, budget.cores))
 

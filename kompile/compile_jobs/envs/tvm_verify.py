@@ -153,8 +153,10 @@ def _measure(
     try:
         for t, (_, records) in enumerate(contested):
             alive = [c for c in range(len(records)) if (t, c) in artifacts]
+            if not alive:
+                continue
             for r in range(ROUNDS):
-                order = alive[r % len(alive) :] + alive[: r % len(alive)] if alive else []
+                order = alive[r % len(alive) :] + alive[: r % len(alive)]
                 runs = [ms.runner.RunnerInput(artifacts[(t, c)], device, records[c].args_info) for c in order]
                 for c, future in zip(order, runner.run(runs), strict=True):
                     result = future.result()
