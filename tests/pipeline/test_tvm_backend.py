@@ -235,6 +235,11 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     # chose, rewritten at build; the .so is still called with the input alone (validated above).
     assert o["weightLayout"] == "prepacked" and int(o["prepackedKernels"]) > 0
     assert int(o["tuningRecordsAfter"]) > 0 and o["tuningTasksFromDatabase"] == "0"
+    # The blocked convolutions were also offered the register-blocked schedules (tvm_templates),
+    # measured beside the search's 56 trials, not in them.
+    assert int(o["tuningTemplatesMeasured"]) > 0
+    added = int(o["tuningRecordsAfter"]) - int(o["tuningRecordsBefore"])
+    assert added == int(o["tuningTrialsRun"]) + int(o["tuningTemplatesMeasured"])
     folder = shared / o["tuningDatabase"]
     assert len(Database.read(folder).records) == int(o["tuningRecordsShared"]) > 0
 
@@ -272,6 +277,9 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     assert "tuningVerifiedKernels" not in t  # tuningVerify 0: the database's best as recorded
     assert t["tuningScope"] == "all" and t["tuningTasksFromDatabase"] == t["tuningTasks"]
     assert t["tuningTasksTuned"] == "0" and int(t["tuningTasksRefined"]) >= 1
+    # The templates the first compile measured are in the database (read back from its JSON): none
+    # is measured again.
+    assert t["tuningTemplatesMeasured"] == "0"
     assert int(t["tuningRecordsAfter"]) > int(t["tuningRecordsBefore"])
     assert len(Database.read(folder).records) > int(o["tuningRecordsShared"])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kompile.compile_jobs.envs.tvm_target import mcpu_for, vector_lanes
+from kompile.compile_jobs.envs.tvm_templates import Variant, registers, variants
 from kompile.compile_jobs.envs.tvm_tuning import (
     Budget,
     allot_trials,
@@ -109,3 +110,22 @@ def test_each_batch_search_is_sized_to_its_batch() -> None:
     assert search_population(64) == 256
     assert search_population(8) == 64
     assert search_population(20) == 80
+
+
+def test_register_tiles_fit_the_isas_registers_and_divide_the_convolution() -> None:
+    # ResNet-50's layer-2 1x1 128->512 convolution in NCHW8c (AVX2: 16 vector registers): loops n,
+    # output-channel blocks, rows, columns, lanes, input channels, kernel rows and columns.
+    avx2 = variants([1, 64, 28, 28, 8, 128, 1, 1], registers(8, "x86_64-linux-gnu"))
+    assert avx2[0] == Variant(pixels=4, vectors=2, reduce=8)  # 8 accumulators + weights + input
+    assert 0 < len(avx2) <= 4
+    for v in avx2:
+        assert 28 % v.pixels == 0 and 64 % v.vectors == 0 and 4 <= v.pixels * v.vectors <= 12
+    # AVX-512 (32 registers, 16 lanes) fills more of them; a stem reduces over its 3 channels whole.
+    assert variants([1, 32, 28, 28, 16, 128, 1, 1], registers(16, ""))[0] == Variant(7, 4, 16)
+    assert {v.reduce for v in variants([1, 8, 112, 112, 8, 3, 7, 7], 16)} == {3}
+    assert registers(4, "aarch64-linux-gnu") == 32 and registers(4, "x86_64") == 16
+
+
+def test_templates_are_on_unless_the_options_say_none() -> None:
+    assert budget_from({}, 2).templates is True
+    assert budget_from({"tuningTemplates": "none"}, 2).templates is False

@@ -17,8 +17,9 @@ Steps, each recorded in the artifact's options:
   convolutions and the ops between them in NCHW{lanes}c, the ISA's fp32 vector width
   (`activationLayout: blocked`), the weights marked layout-free (`weightLayout: prepacked`), tuning
   of the tasks the database lacks (every task, from the database's best, with `tuningScope: all`)
-  within `tuningTrials` and `tuningMinutes` (a first round by each task's FLOPs, the rest by its
-  measured time in the model), each kernel's `tuningVerify` best records re-measured on this node
+  within `tuningTrials` and `tuningMinutes` (the blocked convolutions first offered register-blocked
+  schedules, kompile.compile_jobs.envs.tvm_templates; a first round by each task's FLOPs, the rest by
+  its measured time in the model), each kernel's `tuningVerify` best records re-measured on this node
   and the fastest kept (kompile.compile_jobs.envs.tvm_verify), the
   database's schedules applied and their weight rewrites folded into the constants, the tuned
   residual kernels written into their residual where nothing reads it after

@@ -55,6 +55,8 @@ class Budget:
     """missing: only the tasks the database lacks; all: every task, by its time in the model."""
     verify: int = 8
     """Best records per kernel re-measured on this node before the build (tvm_verify); < 2: none."""
+    templates: bool = True
+    """Offer the register-blocked convolution schedules (tvm_templates) as candidates."""
 
 
 SCOPES = ("missing", "all")
@@ -71,6 +73,7 @@ def budget_from(options: dict[str, str], cores: int) -> Budget:
         cores=cores,
         scope=scope,
         verify=int(options.get("tuningVerify", "8") or 0),
+        templates=(options.get("tuningTemplates", "register-blocked") or "register-blocked") != "none",
     )
 
 
@@ -92,6 +95,10 @@ class TuneStats:
     stopped_by_time: bool = False
     rounds: int = 0
     scope: str = "missing"
+    templates: int = 0
+    """Register-blocked convolution schedules measured now (tvm_templates); not in `trials`."""
+    templates_best: int = 0
+    """Tasks whose best record is now one of those schedules."""
     verified: dict[str, str] = field(default_factory=dict)
     """What re-measuring the database's best on this node did (tvm_verify's record); empty: not run."""
 
@@ -110,6 +117,8 @@ class TuneStats:
             "tuningStoppedByTime": str(self.stopped_by_time).lower(),
             "tuningRounds": str(self.rounds),
             "tuningScope": self.scope,
+            "tuningTemplatesMeasured": str(self.templates),
+            "tuningTemplatesBest": str(self.templates_best),
         }
 
 
@@ -174,6 +183,14 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
     # The re-measuring of the best schedules after the tuning (tvm_verify) is paid from the same
     # minutes, so that a compile keeps to its budget.
     deadline = start + budget.minutes * 60 - verify_reserve(len(tasks), budget, str(target.kind.name))
+    offered: dict[int, set[str]] = {}
+    if budget.templates and str(target.kind.name) == "llvm":
+        # The register-blocked convolution schedules first: measured like a batch, they give each
+        # convolution a good record before the search (which starts from the database's best).
+        from kompile.compile_jobs.envs import tvm_templates
+
+        offered = tvm_templates.seed(todo, database, target, builder, runner, deadline, budget.trials)
+        stats.templates = len(database) - stats.records_before
     # Where some tasks already have records (scope "all"), even the first round goes by time.
     by_time = any(before[id(t)] for t in todo)
     while stats.trials < budget.trials:
@@ -201,12 +218,15 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
                 break
             _tune_one(todo[i], batch, logs, builder, runner, database, cost_model, budget.cores)
             spent[i] += batch
-            stats.trials = len(database) - stats.records_before
+            stats.trials = len(database) - stats.records_before - stats.templates
         # A task's small search space can run dry (MetaSchedule then measures fewer candidates
         # than asked): a round that records nothing new ends the tuning.
         if stats.stopped_by_time or stats.trials == round_start:
             break
     after = {id(t): _trials_of(database, t) for t in todo}
+    stats.templates_best = sum(
+        1 for t in todo if (best := _best_record(database, t)) and str(best.trace) in offered.get(id(t), ())
+    )
     stats.tuned = sum(1 for t in todo if before[id(t)] == 0 < after[id(t)])
     stats.refined = sum(1 for t in todo if 0 < before[id(t)] < after[id(t)])
     stats.records_after, stats.seconds = len(database), time.monotonic() - start
