@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kompile.compile_jobs.envs import tvm_tuning
+
 CONV = "conv2d_NCHWc_OIHWo"
 """The blocked convolution's block (TOPI's conv2d_NCHWc_OIHWo, kompile's blocked layout): loops n,
 output-channel blocks, rows, columns, lanes, input channels, kernel rows, kernel columns."""
@@ -151,25 +153,13 @@ def seed(
                 sch = schedule(func, variant)
             except SCHEDULE_ERRORS:
                 continue  # a variant that does not apply to this kernel's blocks
-            schedules[_key(sch.trace)] = sch
+            schedules[tvm_tuning.trace_key(sch.trace)] = sch
         offered[id(task)] = set(schedules)
-        known = {_key(record.trace) for record in _records(database, func)}
-        fresh = [sch for key, sch in schedules.items() if key not in known]
-        if fresh := fresh[: max(0, limit - (len(database) - start))]:
+        known = {tvm_tuning.trace_key(r.trace) for r in tvm_tuning._top(database, task, 1 << 30)}
+        room = limit - (len(database) - start)
+        if fresh := [sch for key, sch in schedules.items() if key not in known][:room]:
             _measure_and_commit(func, fresh, database, target, builder, runner)
     return offered
-
-
-def _records(database: Any, func: Any) -> list[Any]:
-    if not database.has_workload(func):
-        return []
-    return list(database.get_top_k(database.commit_workload(func), 1 << 30))
-
-
-def _key(trace: Any) -> str:
-    # The trace as Python: its JSON form (as_json) of a trace read back from the database's file
-    # differs from the same schedule's fresh one.
-    return str(trace)
 
 
 def _measure_and_commit(

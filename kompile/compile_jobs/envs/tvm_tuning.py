@@ -139,6 +139,12 @@ def _top(database: Any, task: Any, k: int) -> list[Any]:
     return list(database.get_top_k(database.commit_workload(mod), k))
 
 
+def trace_key(trace: Any) -> str:
+    """A schedule's identity across databases: its trace as Python. The JSON form (`as_json`) of a
+    trace read back from a database's file differs from the same schedule's fresh one."""
+    return str(trace)
+
+
 def _best_record(database: Any, task: Any) -> Any:
     """The task's best tuning record in the database, or None."""
     top = _top(database, task, 1)
@@ -225,7 +231,9 @@ def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> Tu
             break
     after = {id(t): _trials_of(database, t) for t in todo}
     stats.templates_best = sum(
-        1 for t in todo if (best := _best_record(database, t)) and str(best.trace) in offered.get(id(t), ())
+        1
+        for t in todo
+        if (best := _best_record(database, t)) and trace_key(best.trace) in offered.get(id(t), ())
     )
     stats.tuned = sum(1 for t in todo if before[id(t)] == 0 < after[id(t)])
     stats.refined = sum(1 for t in todo if 0 < before[id(t)] < after[id(t)])

@@ -63,7 +63,7 @@ def distinct_top(database: Any, task: Any, k: int) -> list[Any]:
     seen: set[str] = set()
     out = []
     for record in tvm_tuning._top(database, task, 4 * k):
-        key = str(record.trace.as_json())  # holds IntImm decisions: their text, not JSON
+        key = tvm_tuning.trace_key(record.trace)
         if key not in seen:
             seen.add(key)
             out.append(record)
