@@ -112,18 +112,32 @@ def test_each_batch_search_is_sized_to_its_batch() -> None:
     assert search_population(20) == 80
 
 
-def test_register_tiles_fit_the_isas_registers_and_divide_the_convolution() -> None:
+def test_register_tiles_fit_the_isas_registers_fullest_first() -> None:
     # ResNet-50's layer-2 1x1 128->512 convolution in NCHW8c (AVX2: 16 vector registers): loops n,
     # output-channel blocks, rows, columns, lanes, input channels, kernel rows and columns.
     avx2 = variants([1, 64, 28, 28, 8, 128, 1, 1], registers(8, "x86_64-linux-gnu"))
-    assert avx2[0] == Variant(pixels=4, vectors=2, reduce=8)  # 8 accumulators + weights + input
-    assert 0 < len(avx2) <= 4
-    for v in avx2:
-        assert 28 % v.pixels == 0 and 64 % v.vectors == 0 and 4 <= v.pixels * v.vectors <= 12
+    # 12 accumulators + weights + input, fewer pixels (broadcast loads) first; then 10, 9, 8.
+    assert [(v.pixels, v.vectors) for v in avx2] == [
+        (3, 4),
+        (4, 3),
+        (6, 2),
+        (5, 2),
+        (3, 3),
+        (2, 4),
+        (4, 2),
+        (8, 1),
+    ]
+    assert {v.reduce for v in avx2} == {8} and len(avx2) == 8
+    # A 56-wide row: only tiles that divide it, or leave at most 10 tiles to unroll (6 pixels).
+    wide = variants([1, 8, 56, 56, 8, 64, 1, 1], 16)
+    assert all(56 % v.pixels == 0 or -(-56 // v.pixels) <= 10 for v in wide)
+    assert 3 not in {v.pixels for v in wide} and wide[0] == Variant(4, 3, 8)
     # AVX-512 (32 registers, 16 lanes) fills more of them; a stem reduces over its 3 channels whole.
     assert variants([1, 32, 28, 28, 16, 128, 1, 1], registers(16, ""))[0] == Variant(7, 4, 16)
     assert {v.reduce for v in variants([1, 8, 112, 112, 8, 3, 7, 7], 16)} == {3}
     assert registers(4, "aarch64-linux-gnu") == 32 and registers(4, "x86_64") == 16
+    # Too few channel blocks or pixels for 4 accumulators: nothing to offer.
+    assert variants([1, 1, 1, 1, 8, 8, 1, 1], 16) == []
 
 
 def test_templates_are_on_unless_the_options_say_none() -> None:

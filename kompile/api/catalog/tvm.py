@@ -37,7 +37,8 @@ class TvmOptions(BackendOptions):
     tuning_verify: Count = Field(
         default=8,
         description="Best schedules per kernel that the class's tuning database holds, re-measured on the "
-        "compiling node (interleaved rounds) before the build, the fastest applied: a record is one "
+        "compiling node (interleaved rounds, its weights flushed from the caches before each call as a "
+        "model streams them) before the build, the fastest applied: a record is one "
         "measurement, on whichever node of the class took it (on 2-core AVX2 EPYC VMs a kernel's two "
         "best records, 1.25 ms each, ran at 1.81 and 1.36 ms on another such node a day later). Paid "
         "from tuningMinutes when the compile tunes (ResNet-50 with 8: 167 s on 2 cores); 0 or 1: the "
@@ -46,8 +47,9 @@ class TvmOptions(BackendOptions):
     tuning_templates: Literal["register-blocked", "none"] = Field(
         default="register-blocked",
         description="register-blocked: before the search, each blocked convolution the compile tunes is "
-        "also offered up to 4 hand-written schedules (a few output pixels x channel vectors whose whole "
-        "reduction stays in registers, as ONNX Runtime's MLAS kernels work), measured and recorded like "
+        "also offered up to 8 hand-written schedules (a few output pixels x channel vectors whose whole "
+        "reduction stays in registers, as ONNX Runtime's MLAS kernels work; a row the tile does not "
+        "divide ends in a narrower tile of its own), measured and recorded like "
         "the search's candidates (not counted in tuningTrials; paid from tuningMinutes); the fastest "
         "record wins as always. On a 2-core AVX2 EPYC one took ResNet-50's layer-2 1x1 widening "
         "convolution from 0.65 to 0.56 ms after two 30-minute tunings. none: the search's candidates "

@@ -11,7 +11,10 @@ its partial sums go through memory between reduction steps; on a 2-core AVX2 AMD
 schedule for ResNet-50's layer-2 1x1 128->512 convolution with the residual add (after two 30-minute
 tunings) took 3.3-4.0 ms a model call (4 calls, in the model), this one with 4 pixels x 2 vectors 2.5-2.8.
 Padded convolutions pad each thread's input rows at the row loop (inlined into the reduction, the
-bounds checks cost more than the reuse: 2.7 against 1.55 ms on a 3x3).
+bounds checks cost more than the reuse: 2.7 against 1.55 ms on a 3x3). A row the tile does not divide
+(7 or 14 pixels in tiles of 3, 4 or 5) ends in a narrower tile, its own unrolled copy as MLAS keeps
+its remainder apart: a bound tested before each multiply-add (TVM's predicated tile, not unrolled)
+measured 2.4-3.2x slower.
 
 Imports only the standard library and this environment's packages.
 """
@@ -28,9 +31,12 @@ from kompile.compile_jobs.envs import tvm_tuning
 CONV = "conv2d_NCHWc_OIHWo"
 """The blocked convolution's block (TOPI's conv2d_NCHWc_OIHWo, kompile's blocked layout): loops n,
 output-channel blocks, rows, columns, lanes, input channels, kernel rows, kernel columns."""
-MOST = 4
-"""Variants offered per convolution: the register tiles nearest the ISA's best fill."""
+MOST = 8
+"""Variants offered per convolution: the fullest register tiles (each costs about a second to build
+and measure on 2 cores, a search trial about half that)."""
 MAX_PIXELS = 8
+MAX_TILES = 10
+"""Tiles along a row that a remainder tile may unroll to (a 28-wide row in tiles of 3)."""
 SCHEDULE_ERRORS = (RuntimeError, ValueError)
 """What a schedule primitive that does not apply raises (TVM 0.27's ScheduleError is a RuntimeError)."""
 
@@ -38,9 +44,9 @@ SCHEDULE_ERRORS = (RuntimeError, ValueError)
 @dataclass(frozen=True)
 class Variant:
     pixels: int
-    """Output pixels along a row in the register tile (a divisor of the row's width)."""
+    """Output pixels along a row in the register tile (the row's last tile may be narrower)."""
     vectors: int
-    """Output-channel blocks (one vector register each) per pixel."""
+    """Output-channel blocks (one vector register each) per pixel (the last may hold fewer)."""
     reduce: int
     """Input channels per inner reduction step (the input's channel block)."""
 
@@ -69,21 +75,22 @@ def conv_extents(func: Any) -> list[int] | None:
         return None  # a symbolic extent
 
 
-def _divisors(n: int, most: int) -> list[int]:
-    return [d for d in range(1, min(n, most) + 1) if n % d == 0]
-
-
 def variants(extents: list[int], regs: int, most: int = MOST) -> list[Variant]:
     """The register tiles to offer for a convolution of these loop extents: pixels x vectors
     accumulators at most `regs` - 4 (the weights and the broadcast input need registers too), the
-    fullest first; the reduction step is the input's channel block (all of a stem's few channels)."""
+    fullest first and the fewer pixels (broadcast loads) of two equally full; the reduction step is
+    the input's channel block (all of a stem's few channels). A row whose width the pixels do not
+    divide is covered by a last, narrower tile (its tile loop unrolled), as long as that is at most
+    MAX_TILES tiles; channel blocks the vectors do not divide leave a last, narrower tile too. The
+    measurement picks among them: on a 2-core AVX2 EPYC a 4x3 tile was the fastest on 7x7 rows of
+    64 blocks and twice as slow as 3x4 on 14x14 rows of 32."""
     _, blocks, _, width, lanes, channels, _, _ = extents
     reduce = lanes if channels % lanes == 0 else channels
-    aim = regs - 6
-    tiles = [
-        (p, v) for p in _divisors(width, MAX_PIXELS) for v in _divisors(blocks, 4) if 4 <= p * v <= regs - 4
+    pixels = [
+        p for p in range(1, min(width, MAX_PIXELS) + 1) if width % p == 0 or -(-width // p) <= MAX_TILES
     ]
-    tiles.sort(key=lambda t: (abs(t[0] * t[1] - aim), -t[0]))
+    tiles = [(p, v) for p in pixels for v in range(1, min(blocks, 4) + 1) if 4 <= p * v <= regs - 4]
+    tiles.sort(key=lambda t: (regs - 4 - t[0] * t[1], t[0]))
     return [Variant(p, v, reduce) for p, v in tiles[:most]]
 
 
@@ -102,6 +109,7 @@ def schedule(func: Any, variant: Variant) -> Any:
     for block in blocks[at + 1 : -1]:
         sch.compute_inline(block)  # bias and residual adds: into the last elementwise block
     n, oc, h, w, ob, ic, kh, kw = sch.get_loops(conv)
+    remainder = int(sch.get(w).extent) % variant.pixels != 0
     oc_out, oc_in = sch.split(oc, [None, variant.vectors])
     w_out, w_in = sch.split(w, [None, variant.pixels])
     ic_out, ic_in = sch.split(ic, [None, variant.reduce])
@@ -111,6 +119,10 @@ def schedule(func: Any, variant: Variant) -> Any:
     if epilogue is not None:
         sch.reverse_compute_inline(epilogue)
     sch.reverse_compute_at(store, w_out)
+    if remainder:
+        # Each tile of the row its own copy: the last one's pixel bound is then a constant, which
+        # drops its missing pixels at build, instead of a test before each of its multiply-adds.
+        sch.unroll(w_out)
     rows = sch.fuse(n, oc_out, h)
     sch.parallel(rows)
     inner = sch.get_loops(conv)

@@ -28,8 +28,10 @@ from kompile.compile_jobs.envs import tvm_tuning
 ROUNDS = 5
 """Interleaved rounds: each times every candidate of a kernel once, in a rotated order, so that a
 node's drift (a neighbour's load, the clock) falls on all of them; the median of its rounds counts."""
-MIN_REPEAT_MS = 25
-"""Each timing repeats the kernel for at least this long (MetaSchedule's runner, in one worker)."""
+REPEATS = 10
+"""Calls per round, each after the kernel's weights and output were flushed from the caches (its input
+left warm), as a model runs it: the previous kernel just wrote its input, its weights were last read
+a whole model call ago."""
 
 
 @dataclass
@@ -147,7 +149,7 @@ def _measure(
             artifacts[owner] = result.artifact_path
         else:
             stats.failed += 1
-    config = ms.runner.EvaluatorConfig(number=1, repeat=1, min_repeat_ms=MIN_REPEAT_MS)
+    config = ms.runner.EvaluatorConfig(number=1, repeat=REPEATS, min_repeat_ms=0, enable_cpu_cache_flush=True)
     runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
     device = "cpu"  # verify runs on llvm targets only (the runner takes a device, not a target kind)
     try:
@@ -161,7 +163,7 @@ def _measure(
                 for c, future in zip(order, runner.run(runs), strict=True):
                     result = future.result()
                     if result.error_msg is None and result.run_secs:
-                        times[t][c].append(float(result.run_secs[0]))
+                        times[t][c].append(statistics.median(float(s) for s in result.run_secs))
             for c in alive:
                 if not times[t][c]:
                     stats.failed += 1
