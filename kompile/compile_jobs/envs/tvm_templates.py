@@ -21,9 +21,7 @@ Imports only the standard library and this environment's packages.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kompile.compile_jobs.envs import tvm_tuning
@@ -181,15 +179,14 @@ def _measure_and_commit(
     and commit each one that ran as a record of `func`'s workload."""
     from tvm.s_tir import meta_schedule as ms
 
-    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in candidates])
     workload = database.commit_workload(func)
     device = "cpu"  # templates are for llvm targets (the runner takes a device, not a target kind)
-    try:
+    with tvm_tuning.built(builder, [sch.mod for sch in candidates], target) as paths:
         runs, ran = [], []
-        for sch, result in zip(candidates, built, strict=True):
-            if result.error_msg is None and result.artifact_path:
+        for sch, path in zip(candidates, paths, strict=True):
+            if path is not None:
                 args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
-                runs.append(ms.runner.RunnerInput(result.artifact_path, device, args))
+                runs.append(ms.runner.RunnerInput(path, device, args))
                 ran.append((sch, args))
         for (sch, args), future in zip(ran, runner.run(runs), strict=True):
             result = future.result()
@@ -197,7 +194,3 @@ def _measure_and_commit(
                 database.commit_tuning_record(
                     ms.database.TuningRecord(sch.trace, workload, result.run_secs, target, args)
                 )
-    finally:
-        for result in built:
-            if result.artifact_path:
-                shutil.rmtree(Path(result.artifact_path).parent, ignore_errors=True)

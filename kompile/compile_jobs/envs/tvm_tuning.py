@@ -23,7 +23,10 @@ library and this environment's packages.
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,13 +159,12 @@ def _trials_of(database: Any, task: Any) -> int:
     return len(_top(database, task, 1 << 30))
 
 
-def tune(mod: Any, target: Any, database: Any, budget: Budget, logs: Path) -> TuneStats:
-    """Tune the tasks of `mod` that the database lacks (or, with scope "all", every task), into the
-    database, within the budget."""
+def tune(tasks: list[Any], target: Any, database: Any, budget: Budget, logs: Path) -> TuneStats:
+    """Tune the `tasks` (MetaSchedule's extracted tasks of a module) that the database lacks (or, with
+    scope "all", every task), into the database, within the budget."""
     from tvm.s_tir import meta_schedule as ms
 
     start = time.monotonic()
-    tasks = ms.relax_integration.extract_tasks(mod, target)
     stats = TuneStats(tasks=len(tasks), records_before=len(database), scope=budget.scope)
     # Each task's valid records now: whether the database knows it, and later whether it got more.
     before = {id(t): _trials_of(database, t) for t in tasks}
@@ -393,6 +395,22 @@ def load_cpu_intrinsics(kind: str, mtriple: str) -> None:
     sys.modules[name] = package
     tvm.s_tir.tensor_intrin = package
     importlib.import_module(f"{name}.{'arm_cpu' if mtriple.startswith('aarch64') else 'x86'}")
+
+
+@contextmanager
+def built(builder: Any, mods: list[Any], target: Any) -> Iterator[list[str | None]]:
+    """Each module built by MetaSchedule's `builder` for `target` (outside a search: the templates,
+    the re-measuring): its artifact's path, None where the build failed; the artifacts removed on
+    leaving, whatever happened."""
+    from tvm.s_tir import meta_schedule as ms
+
+    results = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
+    try:
+        yield [r.artifact_path if r.error_msg is None and r.artifact_path else None for r in results]
+    finally:
+        for result in results:
+            if result.artifact_path:
+                shutil.rmtree(Path(result.artifact_path).parent, ignore_errors=True)
 
 
 def builder_timeout(cores: int) -> float:

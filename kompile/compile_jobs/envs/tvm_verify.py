@@ -16,11 +16,9 @@ Imports only the standard library and this environment's packages.
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kompile.compile_jobs.envs import tvm_tuning
@@ -81,16 +79,17 @@ def pick(times: list[list[float]]) -> int:
     return best if best >= 0 and medians[best] != float("inf") else -1
 
 
-def verified_database(mod: Any, target: Any, database: Any, k: int, cores: int) -> tuple[Any, VerifyStats]:
-    """A database holding, for each of `mod`'s kernels that `database` knows, one record: the fastest
-    here of its `k` best (the best as recorded where `k` < 2, where it has one schedule, or where none
-    of the others ran here)."""
+def verified_database(
+    tasks: list[Any], target: Any, database: Any, k: int, cores: int
+) -> tuple[Any, VerifyStats]:
+    """A database holding, for each of the `tasks` (a module's kernels) that `database` knows, one
+    record: the fastest here of its `k` best (the best as recorded where `k` < 2, where it has one
+    schedule, or where none of the others ran here)."""
     from tvm.s_tir import meta_schedule as ms
 
     start = time.monotonic()
     stats = VerifyStats(candidates=k)
     chosen = ms.database.MemoryDatabase(module_equality="structural")
-    tasks = ms.relax_integration.extract_tasks(mod, target)
     contested: list[tuple[Any, list[Any]]] = []
     for task in tasks:
         records = distinct_top(database, task, max(1, k))
@@ -131,28 +130,23 @@ def _measure(
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    inputs, owners = [], []
+    mods, owners = [], []
     for t, (task, records) in enumerate(contested):
         for c, record in enumerate(records):
             sch = tvm.s_tir.Schedule(task.dispatched[0])
             record.trace.apply_to_schedule(sch, remove_postproc=False)
-            inputs.append(ms.builder.BuilderInput(sch.mod, target))
+            mods.append(sch.mod)
             owners.append((t, c))
     builder = ms.builder.LocalBuilder(
         max_workers=cores, timeout_sec=tvm_tuning.builder_timeout(cores), f_build=tvm_tuning.build
     )
-    built = builder.build(inputs)
     times: list[list[list[float]]] = [[[] for _ in records] for _, records in contested]
-    artifacts: dict[tuple[int, int], str] = {}
-    for owner, result in zip(owners, built, strict=True):
-        if result.error_msg is None and result.artifact_path:
-            artifacts[owner] = result.artifact_path
-        else:
-            stats.failed += 1
     config = ms.runner.EvaluatorConfig(number=1, repeat=REPEATS, min_repeat_ms=0, enable_cpu_cache_flush=True)
     runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
     device = "cpu"  # verify runs on llvm targets only (the runner takes a device, not a target kind)
-    try:
+    with tvm_tuning.built(builder, mods, target) as paths:
+        artifacts = {owner: path for owner, path in zip(owners, paths, strict=True) if path is not None}
+        stats.failed += len(owners) - len(artifacts)
         for t, (_, records) in enumerate(contested):
             alive = [c for c in range(len(records)) if (t, c) in artifacts]
             if not alive:
@@ -167,7 +161,4 @@ def _measure(
             for c in alive:
                 if not times[t][c]:
                     stats.failed += 1
-    finally:
-        for path in artifacts.values():
-            shutil.rmtree(Path(path).parent, ignore_errors=True)
     return times
