@@ -266,7 +266,7 @@ def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Pa
     database = tvm_tuning.open_database(state)
     try:
         with target:
-            # Extracted once, for the tuning and the re-measuring (ResNet-50: seconds each time).
+            # One list of tasks for the tuning and the re-measuring, so that both see the same kernels.
             tasks = ms.relax_integration.extract_tasks(mod, target)
             stats = tvm_tuning.tune(tasks, target, database, budget, scratch / "tvm-tuning-logs")
     except TVM_ERRORS as err:
