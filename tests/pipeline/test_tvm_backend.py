@@ -258,6 +258,12 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     assert s["tuningVerifyCandidates"] == "8" and s["tuningVerifyFailed"] == "0"
     assert 0 < verified <= int(s["tuningTasksFromDatabase"]) and 0 <= changed <= verified
     assert float(s["tuningVerifySavedMs"]) >= 0 and float(s["tuningVerifySeconds"]) > 0
+    # Then each of those kernels' two fastest here were compared in the model (tvm_inmodel, the
+    # default tuningInModel 2): two builds run interleaved, every kernel call timed. Every contested
+    # kernel was found among the builds' calls by its name; the .so validated above holds, for each,
+    # the record whose calls took least time there.
+    assert s["tuningInModelVariants"] == "2" and int(s["tuningInModelKernels"]) == verified
+    assert 0 <= int(s["tuningInModelChanged"]) <= verified and float(s["tuningInModelSeconds"]) > 0
 
     # tuningScope all: the first model again, every task in the database already; the budget goes to
     # the tasks that cost most, each search from the database's best, and the shared database grows.
@@ -274,7 +280,8 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     runner.close()
     assert verdict.passed, verdict.failures
     t = third.options
-    assert "tuningVerifiedKernels" not in t  # tuningVerify 0: the database's best as recorded
+    # tuningVerify 0: the database's best as recorded, nothing re-measured or ranked in the model.
+    assert "tuningVerifiedKernels" not in t and "tuningInModelKernels" not in t
     assert t["tuningScope"] == "all" and t["tuningTasksFromDatabase"] == t["tuningTasks"]
     assert t["tuningTasksTuned"] == "0" and int(t["tuningTasksRefined"]) >= 1
     # The templates the first compile measured are in the database (read back from its JSON): none

@@ -15,7 +15,7 @@ from kompile.compile_jobs.envs.tvm_tuning import (
     search_population,
     verify_reserve,
 )
-from kompile.compile_jobs.envs.tvm_verify import pick
+from kompile.compile_jobs.envs.tvm_verify import ranked
 
 
 def test_trials_follow_the_flops_with_a_floor_for_light_tasks() -> None:
@@ -63,6 +63,8 @@ def test_the_budget_and_its_scope_come_from_the_options() -> None:
         budget_from({"tuningScope": "some"}, 2)
     assert budget.verify == 8  # the default: each kernel's 8 best re-measured on the node
     assert budget_from({"tuningVerify": "0"}, 2).verify == 0
+    assert budget.in_model == 2  # the default: each kernel's 2 fastest there compared in the model
+    assert budget_from({"tuningInModel": "0"}, 2).in_model == 0
 
 
 def test_the_re_measuring_is_paid_from_the_tuning_minutes_at_most_a_quarter() -> None:
@@ -81,13 +83,13 @@ def test_the_re_measuring_is_paid_from_the_tuning_minutes_at_most_a_quarter() ->
     assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=8), "cuda") == 0.0
 
 
-def test_the_fastest_median_here_wins_and_the_database_order_breaks_ties() -> None:
+def test_candidates_rank_by_their_median_here_and_the_database_order_breaks_ties() -> None:
     # Seconds per round of each candidate, the database's best first: the second is faster here.
-    assert pick([[1.81e-3, 1.80e-3, 2.1e-3], [1.36e-3, 1.37e-3, 1.9e-3], [1.5e-3]]) == 1
-    assert pick([[1e-3, 1e-3], [1e-3, 1e-3]]) == 0
-    # A candidate that never ran here is out of the choice; none ran: -1 (the record as stored).
-    assert pick([[], [2e-3], [3e-3]]) == 1
-    assert pick([[], []]) == -1
+    assert ranked([[1.81e-3, 1.80e-3, 2.1e-3], [1.36e-3, 1.37e-3, 1.9e-3], [1.5e-3]]) == [1, 2, 0]
+    assert ranked([[1e-3, 1e-3], [1e-3, 1e-3]]) == [0, 1]
+    # A candidate that never ran here is out of the ranking; none ran: empty (the record as stored).
+    assert ranked([[], [2e-3], [3e-3]]) == [1, 2]
+    assert ranked([[], []]) == []
 
 
 def test_the_llvm_cpu_comes_from_the_class_isa() -> None:

@@ -44,6 +44,16 @@ class TvmOptions(BackendOptions):
         "from tuningMinutes when the compile tunes (ResNet-50 with 8: 167 s on 2 cores); 0 or 1: the "
         "database's best as recorded. CPU classes only.",
     )
+    tuning_in_model: Count = Field(
+        default=2,
+        description="Of those re-measured, the fastest few per kernel then compared in the model: the "
+        "model built once per rank (every kernel's first, every kernel's second...), the builds run "
+        "interleaved on the compiling node with each kernel call timed, and each kernel keeps the "
+        "record whose calls took least time there (a kernel alone is not the kernel in the model: its "
+        "input was just written, its weights were read a whole call ago). Costs one whole-model "
+        "build per rank beyond the first. 0 or 1: the fastest alone. Needs tuningVerify 2 or more; "
+        "CPU classes only.",
+    )
     tuning_templates: Literal["register-blocked", "none"] = Field(
         default="register-blocked",
         description="register-blocked: before the search, each blocked convolution the compile tunes is "

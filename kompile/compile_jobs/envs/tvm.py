@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from kompile.compile_jobs.envs import (
     FeedCache,
     read_arrays,
     tvm_cuda,
+    tvm_inmodel,
     tvm_inplace,
     tvm_verify,
     tvm_winograd,
@@ -134,16 +136,18 @@ class Steps:
         state = req.get("state")
         if state:
             budget = _budget(options, int(target_json.get("num-cores", os.cpu_count() or 1)))
-            mod, stats = _tune_and_apply(mod, target, Path(state), budget, out.parent)
+
+            def finish(tuned: Any, database: Any) -> Any:
+                return _apply(tuned, database, target, prepack)[0]
+
+            database, stats = _tuned_database(
+                mod, target, Path(state), budget, out.parent, in_model=(finish, example)
+            )
             record.update(stats.record())
-            if prepack:
-                mod = _fold_weight_rewrites(mod)
-                record["prepackedKernels"] = str(
-                    sum(1 for gv in mod.functions if gv.name_hint.endswith("_prepacked"))
-                )
+            mod, applied_record = _apply(mod, database, target, prepack)
+            record.update(applied_record)
             applied = stats.reused + stats.tuned if stats.records_after else 0
             record["pipeline"] = "metaschedule-database+default" if applied else "default"
-            mod, record["residualInPlace"] = _residual_in_place(mod)
         else:
             record["pipeline"] = "default"
         try:
@@ -259,6 +263,23 @@ def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Pa
     """Tune the tasks of `mod` the database in `state` lacks (every task with scope "all"), within
     `budget`, then apply the database's schedules: the module and the tuning's stats."""
     from tvm import relax
+
+    database, stats = _tuned_database(mod, target, state, budget, scratch)
+    with target, database:
+        return relax.transform.MetaScheduleApplyDatabase()(mod), stats
+
+
+InModel = tuple[Callable[[Any, Any], Any], list[Array]]
+"""The build's post-processing of a module with a database applied, and the model's example inputs:
+what ranking the records by their time in the model (tvm_inmodel) builds and runs."""
+
+
+def _tuned_database(
+    mod: Any, target: Any, state: Path, budget: Any, scratch: Path, in_model: InModel | None = None
+) -> tuple[Any, Any]:
+    """Tune the tasks of `mod` the database in `state` lacks (every task with scope "all"), within
+    `budget`: the database to apply (on CPUs each kernel's best re-measured here, then ranked in the
+    model where `in_model` is given) and the tuning's stats."""
     from tvm.s_tir import meta_schedule as ms
 
     from kompile.compile_jobs.envs import tvm_tuning
@@ -271,21 +292,48 @@ def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Pa
             stats = tvm_tuning.tune(tasks, target, database, budget, scratch / "tvm-tuning-logs")
     except TVM_ERRORS as err:
         raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
-    if tvm_tuning.verifies(str(target.kind.name), budget):
-        # The database's best few per kernel re-measured here, the fastest applied
-        # (kompile.compile_jobs.envs.tvm_verify).
-        try:
-            with target:
-                database, verified = tvm_verify.verified_database(
-                    tasks, target, database, budget.verify, budget.cores
-                )
-        except TVM_ERRORS as err:
-            raise StepFailed(
-                f"re-measuring the tuning database's best schedules failed: {_first_line(err)}"
-            ) from err
-        stats.verified = verified.record()
+    if not tvm_tuning.verifies(str(target.kind.name), budget):
+        return database, stats
+    # The database's best few per kernel re-measured here (kompile.compile_jobs.envs.tvm_verify).
+    try:
+        with target:
+            ranking, verified = tvm_verify.verified_ranking(
+                tasks, target, database, budget.verify, budget.cores
+            )
+    except TVM_ERRORS as err:
+        raise StepFailed(
+            f"re-measuring the tuning database's best schedules failed: {_first_line(err)}"
+        ) from err
+    stats.verified = verified.record()
+    if in_model is None or budget.in_model < 2:
+        return tvm_inmodel.database_of(ranking, [0] * len(ranking)), stats
+    finish, feeds = in_model
+    try:
+        database, ranked = tvm_inmodel.ranked_in_model(
+            mod, target, ranking, budget.in_model, budget.cores, feeds, finish
+        )
+    except TVM_ERRORS as err:
+        # A speed-up only: the records re-measured fastest alone are built instead.
+        stats.in_model = {"tuningInModel": f"not ranked: {_first_line(err)}"}
+        return tvm_inmodel.database_of(ranking, [0] * len(ranking)), stats
+    stats.in_model = ranked.record()
+    return database, stats
+
+
+def _apply(mod: Any, database: Any, target: Any, prepack: bool) -> tuple[Any, dict[str, str]]:
+    """`mod` with the database's schedules applied, the tuned kernels' weight rewrites folded into the
+    constants (`prepack`) and the residual kernels made in place; what that did, for the record."""
+    from tvm import relax
+
     with target, database:
-        return relax.transform.MetaScheduleApplyDatabase()(mod), stats
+        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+    record: dict[str, str] = {}
+    if prepack:
+        mod = _fold_weight_rewrites(mod)
+        prepacked = [gv for gv in mod.functions if gv.name_hint.endswith("_prepacked")]
+        record["prepackedKernels"] = str(len(prepacked))
+    mod, record["residualInPlace"] = _residual_in_place(mod)
+    return mod, record
 
 
 def _residual_in_place(mod: Any) -> tuple[Any, str]:

@@ -58,6 +58,8 @@ class Budget:
     """missing: only the tasks the database lacks; all: every task, by its time in the model."""
     verify: int = 8
     """Best records per kernel re-measured on this node before the build (tvm_verify); < 2: none."""
+    in_model: int = 2
+    """Of those, the fastest few per kernel then compared in the model (tvm_inmodel); < 2: none."""
     templates: bool = True
     """Offer the register-blocked convolution schedules (tvm_templates) as candidates."""
 
@@ -76,6 +78,7 @@ def budget_from(options: dict[str, str], cores: int) -> Budget:
         cores=cores,
         scope=scope,
         verify=int(options.get("tuningVerify", "8") or 0),
+        in_model=int(options.get("tuningInModel", "2") or 0),
         templates=(options.get("tuningTemplates", "register-blocked") or "register-blocked") != "none",
     )
 
@@ -104,25 +107,31 @@ class TuneStats:
     """Tasks whose best record is now one of those schedules."""
     verified: dict[str, str] = field(default_factory=dict)
     """What re-measuring the database's best on this node did (tvm_verify's record); empty: not run."""
+    in_model: dict[str, str] = field(default_factory=dict)
+    """What ranking those by their time in the model did (tvm_inmodel's record); empty: not run."""
 
     def record(self) -> dict[str, str]:
         hit = self.reused / self.tasks if self.tasks else 0.0
-        return self.verified | {
-            "tuningTasks": str(self.tasks),
-            "tuningTasksFromDatabase": str(self.reused),
-            "tuningDatabaseHitRate": f"{hit:.2f}",
-            "tuningTasksTuned": str(self.tuned),
-            "tuningTasksRefined": str(self.refined),
-            "tuningTrialsRun": str(self.trials),
-            "tuningRecordsBefore": str(self.records_before),
-            "tuningRecordsAfter": str(self.records_after),
-            "tuningSeconds": f"{self.seconds:.1f}",
-            "tuningStoppedByTime": str(self.stopped_by_time).lower(),
-            "tuningRounds": str(self.rounds),
-            "tuningScope": self.scope,
-            "tuningTemplatesMeasured": str(self.templates),
-            "tuningTemplatesBest": str(self.templates_best),
-        }
+        return (
+            self.verified
+            | self.in_model
+            | {
+                "tuningTasks": str(self.tasks),
+                "tuningTasksFromDatabase": str(self.reused),
+                "tuningDatabaseHitRate": f"{hit:.2f}",
+                "tuningTasksTuned": str(self.tuned),
+                "tuningTasksRefined": str(self.refined),
+                "tuningTrialsRun": str(self.trials),
+                "tuningRecordsBefore": str(self.records_before),
+                "tuningRecordsAfter": str(self.records_after),
+                "tuningSeconds": f"{self.seconds:.1f}",
+                "tuningStoppedByTime": str(self.stopped_by_time).lower(),
+                "tuningRounds": str(self.rounds),
+                "tuningScope": self.scope,
+                "tuningTemplatesMeasured": str(self.templates),
+                "tuningTemplatesBest": str(self.templates_best),
+            }
+        )
 
 
 def open_database(folder: Path) -> Any:

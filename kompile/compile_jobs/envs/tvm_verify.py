@@ -72,54 +72,42 @@ def distinct_top(database: Any, task: Any, k: int) -> list[Any]:
     return out
 
 
-def pick(times: list[list[float]]) -> int:
-    """The candidate with the lowest median time (the database's order breaks ties); -1 where none ran."""
-    medians = [statistics.median(t) if t else float("inf") for t in times]
-    best = min(range(len(medians)), key=lambda i: (medians[i], i), default=-1)
-    return best if best >= 0 and medians[best] != float("inf") else -1
+def ranked(times: list[list[float]]) -> list[int]:
+    """The candidates that ran, by their median time (the database's order breaks ties)."""
+    ran = [c for c, t in enumerate(times) if t]
+    return sorted(ran, key=lambda c: (statistics.median(times[c]), c))
 
 
-def verified_database(
+def verified_ranking(
     tasks: list[Any], target: Any, database: Any, k: int, cores: int
-) -> tuple[Any, VerifyStats]:
-    """A database holding, for each of the `tasks` (a module's kernels) that `database` knows, one
-    record: the fastest here of its `k` best (the best as recorded where `k` < 2, where it has one
-    schedule, or where none of the others ran here)."""
-    from tvm.s_tir import meta_schedule as ms
-
+) -> tuple[list[tuple[Any, list[Any]]], VerifyStats]:
+    """Each of the `tasks` (a module's kernels) and its `k` best records in `database`, fastest here
+    first (its best as recorded alone where `k` < 2 or none of its candidates ran here; none where the
+    database lacks it). Its first is what the build applies (tvm_inmodel.database_of)."""
     start = time.monotonic()
     stats = VerifyStats(candidates=k)
-    chosen = ms.database.MemoryDatabase(module_equality="structural")
-    contested: list[tuple[Any, list[Any]]] = []
+    ranking: list[tuple[Any, list[Any]]] = []
+    contested: list[int] = []
     for task in tasks:
         records = distinct_top(database, task, max(1, k))
         if len(records) > 1:
-            contested.append((task, records))
-        elif records:
-            _commit(chosen, task, records[0])
+            contested.append(len(ranking))
+        ranking.append((task, records))
     if contested:
         os.environ["TVM_NUM_THREADS"] = str(cores)  # the runner's worker inherits it
         tvm_tuning.load_cpu_intrinsics(str(target.kind.name), str(target.attrs.get("mtriple", "")))
-        times = _measure(contested, target, cores, stats)
-        for (task, records), per in zip(contested, times, strict=True):
-            best = pick(per)
-            _commit(chosen, task, records[max(best, 0)])
+        times = _measure([ranking[i] for i in contested], target, cores, stats)
+        for i, per in zip(contested, times, strict=True):
+            task, records = ranking[i]
+            order = ranked(per) or [0]
+            ranking[i] = (task, [records[c] for c in order])
             stats.kernels += 1
-            if best > 0:
+            if order[0] > 0:
                 stats.changed += 1
-                saved = statistics.median(per[0]) - statistics.median(per[best]) if per[0] else 0.0
+                saved = statistics.median(per[0]) - statistics.median(per[order[0]]) if per[0] else 0.0
                 stats.saved_ms += max(0.0, saved) * 1e3 * max(1, int(task.weight))
     stats.seconds = time.monotonic() - start
-    return chosen, stats
-
-
-def _commit(database: Any, task: Any, record: Any) -> None:
-    from tvm.s_tir import meta_schedule as ms
-
-    workload = database.commit_workload(task.dispatched[0])
-    database.commit_tuning_record(
-        ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info)
-    )
+    return ranking, stats
 
 
 def _measure(
