@@ -14,9 +14,9 @@ the figures.
         --tvm-trials 2000 --tvm-minutes 30 --out benchmarks/results/compiler-stacks-<date>-<cpu>.json
 
 `--tvm-verify 8,0` builds tuned TVM twice: with each kernel's 8 best records re-measured on this
-machine before the build (the default) and with the database's best as recorded. `--tvm-in-model 2,0`
-builds the re-measured ones twice: with each kernel's 2 fastest alone then compared in the model (the
-default) and with the fastest alone.
+machine before the build (the default) and with the database's best as recorded. `--tvm-in-model 0,2`
+builds the re-measured ones twice: with the fastest alone (the default) and with each kernel's 2
+fastest alone then compared in the model.
 `--tvm-untuned no` leaves untuned TVM out (on BERT-base it takes minutes a call, and its timing
 rounds would take most of the run).
 """
@@ -54,7 +54,7 @@ TVM_VERIFY: list[str] = []
 `tvm-tuned-verify<N>` but for the default, so a run can time the database's best as recorded (0)
 beside the best re-measured on this machine."""
 TVM_IN_MODEL: list[str] = []
-"""The tuningInModel values the re-measured builds are made with (--tvm-in-model, default 2): each its
+"""The tuningInModel values the re-measured builds are made with (--tvm-in-model, default 0): each its
 own runtime, `-inmodel<N>` appended to the name but for the default."""
 TVM_MODELS: set[str] = set()
 """The models TVM builds (--tvm-models): untuned TVM runs a call in seconds, so each left out saves
@@ -105,7 +105,7 @@ def add_tvm(run: CaseRun) -> None:
 
 def _tvm_name(layout: str, verify: str, in_model: str) -> str:
     name = LAYOUT_NAMES[layout] + ("" if verify == "8" else f"-verify{verify}")
-    return name + ("" if in_model == "2" or int(verify) < 2 else f"-inmodel{in_model}")
+    return name + ("" if in_model == "0" or int(verify) < 2 else f"-inmodel{in_model}")
 
 
 def add_untuned_tvm(run: CaseRun) -> None:
@@ -145,7 +145,7 @@ def _budget(argv: list[str]) -> list[str]:
     p.add_argument("--tvm-untuned", choices=["yes", "no"], default="yes")
     p.add_argument("--tvm-winograd", choices=["on", "off"], default="off")
     p.add_argument("--tvm-verify", default="8", help="tuningVerify values, comma-separated")
-    p.add_argument("--tvm-in-model", default="2", help="tuningInModel values, comma-separated")
+    p.add_argument("--tvm-in-model", default="0", help="tuningInModel values, comma-separated")
     names = [spec[0] for spec in all_stacks()]
     p.add_argument("--stacks", default=",".join(names), help="the other stacks timed beside TVM, or none")
     known, rest = p.parse_known_args(argv)
@@ -163,7 +163,7 @@ def _budget(argv: list[str]) -> list[str]:
         p.error(f"--tvm-verify: {', '.join(bad)}; give counts, e.g. 8,0")
     TVM_IN_MODEL.extend(known.tvm_in_model.split(","))
     if bad := [v for v in TVM_IN_MODEL if not v.isdigit()]:
-        p.error(f"--tvm-in-model: {', '.join(bad)}; give counts, e.g. 2,0")
+        p.error(f"--tvm-in-model: {', '.join(bad)}; give counts, e.g. 0,2")
     return rest
 
 

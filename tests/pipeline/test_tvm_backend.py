@@ -243,7 +243,9 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     folder = shared / o["tuningDatabase"]
     assert len(Database.read(folder).records) == int(o["tuningRecordsShared"]) > 0
 
-    second, runner, verdict = _build(_cnn(5), feeds, tmp_path / "b", shared, tuningTrials="0")
+    second, runner, verdict = _build(
+        _cnn(5), feeds, tmp_path / "b", shared, tuningTrials="0", tuningInModel="2"
+    )
     runner.close()
     assert verdict.passed, verdict.failures
     s = second.options
@@ -258,8 +260,8 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     assert s["tuningVerifyCandidates"] == "8" and s["tuningVerifyFailed"] == "0"
     assert 0 < verified <= int(s["tuningTasksFromDatabase"]) and 0 <= changed <= verified
     assert float(s["tuningVerifySavedMs"]) >= 0 and float(s["tuningVerifySeconds"]) > 0
-    # Then each of those kernels' two fastest here were compared in the model (tvm_inmodel, the
-    # default tuningInModel 2): two builds run interleaved, every kernel call timed. Every contested
+    # Then each of those kernels' two fastest here were compared in the model (tvm_inmodel,
+    # tuningInModel 2): two builds run interleaved, every kernel call timed. Every contested
     # kernel was found among the builds' calls by its name; the .so validated above holds, for each,
     # the record whose calls took least time there.
     assert s["tuningInModelVariants"] == "2" and int(s["tuningInModelKernels"]) == verified

@@ -63,8 +63,8 @@ def test_the_budget_and_its_scope_come_from_the_options() -> None:
         budget_from({"tuningScope": "some"}, 2)
     assert budget.verify == 8  # the default: each kernel's 8 best re-measured on the node
     assert budget_from({"tuningVerify": "0"}, 2).verify == 0
-    assert budget.in_model == 2  # the default: each kernel's 2 fastest there compared in the model
-    assert budget_from({"tuningInModel": "0"}, 2).in_model == 0
+    assert budget.in_model == 0  # the default: the fastest alone, not compared in the model
+    assert budget_from({"tuningInModel": "2"}, 2).in_model == 2
 
 
 def test_the_re_measuring_is_paid_from_the_tuning_minutes_at_most_a_quarter() -> None:
@@ -79,6 +79,10 @@ def test_the_re_measuring_is_paid_from_the_tuning_minutes_at_most_a_quarter() ->
         60.0
     )
     assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=1), "llvm") == 0.0
+    # Ranking the two fastest in the model adds two builds: 30 tasks x 2 x 0.25 s.
+    assert verify_reserve(
+        30, Budget(trials=2000, minutes=30, cores=2, verify=8, in_model=2), "llvm"
+    ) == pytest.approx(195.0)
     # A GPU class applies its records as measured: its tuning keeps the whole budget.
     assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=8), "cuda") == 0.0
 

@@ -45,14 +45,15 @@ class TvmOptions(BackendOptions):
         "database's best as recorded. CPU classes only.",
     )
     tuning_in_model: Count = Field(
-        default=2,
+        default=0,
         description="Of those re-measured, the fastest few per kernel then compared in the model: the "
         "model built once per rank (every kernel's first, every kernel's second...), the builds run "
         "interleaved on the compiling node with each kernel call timed, and each kernel keeps the "
         "record whose calls took least time there (a kernel alone is not the kernel in the model: its "
         "input was just written, its weights were read a whole call ago). Costs one whole-model "
-        "build per rank beyond the first. 0 or 1: the fastest alone. Needs tuningVerify 2 or more; "
-        "CPU classes only.",
+        "build per rank (ResNet-50 with 2: 15 s on 2 cores). Off by default: on a 2-core AVX-512 EPYC "
+        "it changed 14 of ResNet-50's 28 kernels and the model ran no faster (38.48 against 38.41 ms "
+        "without it). 0 or 1: the fastest alone. Needs tuningVerify 2 or more; CPU classes only.",
     )
     tuning_templates: Literal["register-blocked", "none"] = Field(
         default="register-blocked",
@@ -119,6 +120,7 @@ ENTRY = BackendEntry(
     serving=None,
     environment="tvm",
     # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 (blocked, prepacked) took
-    # 1.01x ONNX Runtime fp32's time (40.2 vs 39.8 ms): level at best, and a class's first compile
-    # pays that tuning (docs/backends.md, tvm).
+    # 1.002x ONNX Runtime fp32's time on an AVX-512 EPYC (38.41 vs 38.33 ms, 2026-11-28) and 1.07x
+    # on an AVX2 one: level at best, and a class's first compile pays that tuning
+    # (docs/backends.md, tvm).
 )

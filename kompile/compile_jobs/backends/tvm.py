@@ -20,8 +20,9 @@ Steps, each recorded in the artifact's options:
   within `tuningTrials` and `tuningMinutes` (the blocked convolutions first offered register-blocked
   schedules, kompile.compile_jobs.envs.tvm_templates; a first round by each task's FLOPs, the rest by
   its measured time in the model), each kernel's `tuningVerify` best records re-measured on this node
-  and the fastest kept (kompile.compile_jobs.envs.tvm_verify), the
-  database's schedules applied and their weight rewrites folded into the constants, the tuned
+  and the fastest kept (kompile.compile_jobs.envs.tvm_verify; with `tuningInModel`, off by default,
+  the fastest few of those compared in the model instead: kompile.compile_jobs.envs.tvm_inmodel),
+  the database's schedules applied and their weight rewrites folded into the constants, the tuned
   residual kernels written into their residual where nothing reads it after
   (`residualInPlace`), build and export of `model.so`; the artifact records how many tasks came from
   the shared database (`tuningDatabaseHitRate`) and the tuning's time;

@@ -7,11 +7,13 @@ onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
   Winograd F(4x4, 3x3) with `winograd: on` (kompile.compile_jobs.envs.tvm_winograd), then MetaSchedule
   (kompile.compile_jobs.envs.tvm_tuning) into the request's `state` folder, the hardware class's
   shared tuning database, within the target's trial and time budget; the database's best schedules,
-  each kernel's few best re-measured on this node (kompile.compile_jobs.envs.tvm_verify), are
-  applied (also when no trial is run: what the fleet tuned before is free), their weight
-  rewrites folded into the constants, the tuned residual kernels made to write into their residual
-  where nothing reads it after (kompile.compile_jobs.envs.tvm_inplace), and the module is built for
-  the class's CPU (`target_for`) into a shared library;
+  each kernel's few best re-measured on this node (kompile.compile_jobs.envs.tvm_verify) and, with
+  `tuningInModel`, the fastest few of those compared in the model
+  (kompile.compile_jobs.envs.tvm_inmodel), are applied (also when no trial is run: what the fleet
+  tuned before is free), their weight rewrites folded into the constants, the tuned residual
+  kernels made to write into their residual where nothing reads it after
+  (kompile.compile_jobs.envs.tvm_inplace), and the module is built for the class's CPU
+  (`target_for`) into a shared library;
 - on a GPU class (`device: cuda`): the module built for `cuda -arch=sm_XY`; on the class's own node
   MetaSchedule tunes it into the class's database as on CPUs, each candidate measured on the GPU,
   the database's schedules applied and TVM's default DLight schedules for the rest; its kernels'
