@@ -5,7 +5,8 @@ threads), TVM libraries (`.so`) with the Relax VM in the tvm environment (TVM_NU
 starts one process per artifact, one at a time and in a rotated order: it loads the artifact, warms
 it, then times `--calls` calls (each after `--pause-ms` idle and one untimed call, as
 benchmarks/cpu_artifacts.py does); the round's median counts. The figures: the median of the rounds'
-medians, their p10-p90, and each artifact's ratio to the first one named.
+medians, their p10-p90, each artifact's ratio to the first one named, and the median of its
+per-round ratios to the first (paired within a round) with the rounds it was faster in.
 
 Why fresh processes, one at a time: TVM's runtime pool keeps spinning after a call, and runtimes
 loaded in one process or run side by side slow each other; the pipeline's benchmarks time every
@@ -106,17 +107,22 @@ def measure(args: argparse.Namespace, artifacts: list[tuple[str, Path]]) -> dict
             medians[name].append(statistics.median(json.loads(done.stdout.strip().splitlines()[-1])))
         loads.append(round(os.getloadavg()[0], 2))
         print(f"round {r}: " + ", ".join(f"{n} {v[-1]:.2f}" for n, v in medians.items()), file=sys.stderr)
-    first = statistics.median(medians[artifacts[0][0]])
+    reference = medians[artifacts[0][0]]
+    first = statistics.median(reference)
     report: dict[str, Any] = {}
     for name, path in artifacts:
         values = medians[name]
         deciles = statistics.quantiles(values, n=10) if len(values) > 1 else [values[0]] * 9
+        # Each round's ratio to the first artifact's in that round: a host's drift falls on both.
+        paired = [v / ref for v, ref in zip(values, reference, strict=True)]
         report[name] = {
             "artifact": str(path),
             "p50_ms": round(statistics.median(values), 4),
             "p10_ms": round(deciles[0], 4),
             "p90_ms": round(deciles[-1], 4),
             "ratio_to_first": round(statistics.median(values) / first, 4),
+            "paired_ratio_to_first": round(statistics.median(paired), 4),
+            "rounds_faster_than_first": sum(1 for r in paired if r < 1),
             "round_medians_ms": [round(v, 4) for v in values],
         }
     return {

@@ -56,7 +56,9 @@ def test_an_onnx_model_and_a_tvm_library_timed_in_fresh_processes(tmp_path: Path
     assert report["machine"]["isa"]  # the figures' ISA travels with them
     got = report["artifacts"]
     assert list(got) == ["ort", "tvm"]
-    assert got["ort"]["ratio_to_first"] == 1.0
+    assert got["ort"]["ratio_to_first"] == got["ort"]["paired_ratio_to_first"] == 1.0
+    assert got["ort"]["rounds_faster_than_first"] == 0
+    assert 0 <= got["tvm"]["rounds_faster_than_first"] <= 2 and got["tvm"]["paired_ratio_to_first"] > 0
     for name in ("ort", "tvm"):
         assert len(got[name]["round_medians_ms"]) == 2
         assert 0 < got[name]["p10_ms"] <= got[name]["p50_ms"] <= got[name]["p90_ms"]
