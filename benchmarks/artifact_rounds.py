@@ -72,7 +72,16 @@ def worker(kind: str, path: str, calls: int, pause_ms: float, shape: list[int]) 
     return times
 
 
+def _kind(path: Path) -> str:
+    if path.suffix == ".so":
+        return "tvm"
+    if path.suffix == ".onnx":
+        return "ort"
+    raise ValueError(f"{path}: give an .onnx model (ONNX Runtime) or a TVM .so")
+
+
 def _python(kind: str) -> str:
+    """The interpreter that runs an artifact of this kind (the tvm environment's for TVM libraries)."""
     if kind != "tvm":
         return sys.executable
     from kompile.compile_jobs.environments import find_environment
@@ -80,26 +89,21 @@ def _python(kind: str) -> str:
     return str(find_environment("tvm") / "bin" / "python")
 
 
-def _kind(path: Path) -> str:
-    if path.suffix == ".so":
-        return "tvm"
-    if path.suffix == ".onnx":
-        return "ort"
-    raise SystemExit(f"{path}: give an .onnx model (ONNX Runtime) or a TVM .so")
+Artifact = tuple[str, Path, str, str]
+"""name, path, kind (tvm | ort) and the interpreter that runs it."""
 
 
-def measure(args: argparse.Namespace, artifacts: list[tuple[str, Path]]) -> dict[str, Any]:
+def measure(args: argparse.Namespace, artifacts: list[Artifact]) -> dict[str, Any]:
     from cpu_artifacts import isa
 
-    medians: dict[str, list[float]] = {name: [] for name, _ in artifacts}
+    medians: dict[str, list[float]] = {name: [] for name, *_ in artifacts}
     env = {**os.environ, "TVM_NUM_THREADS": str(args.threads), "KOMPILE_ROUNDS_THREADS": str(args.threads)}
     shape = ",".join(str(d) for d in args.input_shape)
     loads = []
     for r in range(args.rounds):
         order = artifacts[r % len(artifacts) :] + artifacts[: r % len(artifacts)]
-        for name, path in order:
-            kind = _kind(path)
-            cmd = [_python(kind), str(Path(__file__).resolve()), "--worker", kind, str(path)]
+        for name, path, kind, python in order:
+            cmd = [python, str(Path(__file__).resolve()), "--worker", kind, str(path)]
             cmd += ["--calls", str(args.calls), "--pause-ms", str(args.pause_ms), "--input-shape", shape]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if done.returncode:
@@ -110,7 +114,7 @@ def measure(args: argparse.Namespace, artifacts: list[tuple[str, Path]]) -> dict
     reference = medians[artifacts[0][0]]
     first = statistics.median(reference)
     report: dict[str, Any] = {}
-    for name, path in artifacts:
+    for name, path, *_ in artifacts:
         values = medians[name]
         deciles = statistics.quantiles(values, n=10) if len(values) > 1 else [values[0]] * 9
         # Each round's ratio to the first artifact's in that round: a host's drift falls on both.
@@ -152,12 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(args.worker[0], args.worker[1], args.calls, args.pause_ms, args.input_shape)))
         return 0
-    artifacts = []
+    from kompile.compile_jobs.environments import EnvironmentMissing
+
+    artifacts: list[Artifact] = []
     for item in args.artifacts:
         name, sep, path = item.partition("=")
         if not sep or not Path(path).is_file():
             p.error(f"{item!r}: give name=path of an existing .onnx or .so")
-        artifacts.append((name, Path(path)))
+        # Checked before any round runs: a bad artifact or a missing environment wastes none.
+        try:
+            kind = _kind(Path(path))
+            artifacts.append((name, Path(path), kind, _python(kind)))
+        except (ValueError, EnvironmentMissing) as err:
+            p.error(str(err))
     if not artifacts:
         p.error("name at least one artifact")
     text = json.dumps(measure(args, artifacts), indent=2)

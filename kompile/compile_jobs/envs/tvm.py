@@ -308,7 +308,7 @@ def _tuned_database(
         ) from err
     stats.verified = verified.record()
     if in_model is None or budget.in_model < 2:
-        return tvm_inmodel.database_of(ranking, [0] * len(ranking)), stats
+        return tvm_verify.database_of(ranking), stats
     finish, feeds = in_model
     try:
         database, ranked = tvm_inmodel.ranked_in_model(
@@ -317,7 +317,7 @@ def _tuned_database(
     except TVM_ERRORS as err:
         # A speed-up only: the records re-measured fastest alone are built instead.
         stats.in_model = {"tuningInModel": f"not ranked: {_first_line(err)}"}
-        return tvm_inmodel.database_of(ranking, [0] * len(ranking)), stats
+        return tvm_verify.database_of(ranking), stats
     stats.in_model = ranked.record()
     return database, stats
 

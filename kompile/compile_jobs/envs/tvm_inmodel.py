@@ -28,9 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kompile.compile_jobs.envs.tvm_inplace import SUFFIX as IN_PLACE
+from kompile.compile_jobs.envs.tvm_verify import Ranking, database_of
+
 ROUNDS = 15
 """Interleaved rounds after a warm-up call: each calls every variant once, in a rotated order."""
-_SUFFIXES = re.compile(r"(_prepacked)?(_inplace\d+)?$")
+_SUFFIXES = re.compile(rf"(_prepacked)?({IN_PLACE}\d+)?$")
 """What the build appends to a kernel's name: its weight rewrite folded, its residual written in place."""
 
 
@@ -54,27 +57,6 @@ class InModelStats:
             "tuningInModelSavedMs": f"{self.saved_ms:.3f}",
             "tuningInModelSeconds": f"{self.seconds:.1f}",
         }
-
-
-Ranking = list[tuple[Any, list[Any]]]
-"""Each task of a module and its records, fastest first as re-measured alone (tvm_verify)."""
-
-
-def database_of(ranking: Ranking, picks: list[int]) -> Any:
-    """A database holding, for each ranked task, its record at `picks[i]` (its last where it has fewer)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    database = ms.database.MemoryDatabase(module_equality="structural")
-    for (task, records), j in zip(ranking, picks, strict=True):
-        if records:
-            record = records[min(j, len(records) - 1)]
-            workload = database.commit_workload(task.dispatched[0])
-            database.commit_tuning_record(
-                ms.database.TuningRecord(
-                    record.trace, workload, record.run_secs, record.target, record.args_info
-                )
-            )
-    return database
 
 
 def kernel_tasks(mod: Any, ranking: Ranking) -> dict[str, int]:
@@ -118,7 +100,7 @@ def ranked_in_model(
     depth = min(variants, max((len(records) for _, records in ranking), default=0))
     if depth < 2:
         stats.seconds = time.monotonic() - start
-        return database_of(ranking, [0] * len(ranking)), stats
+        return database_of(ranking), stats
     names = kernel_tasks(mod, ranking)
     # Built and loaded one after another, all kept: the rounds interleave them.
     os.environ["TVM_NUM_THREADS"] = str(cores)  # before the runtime's pool first starts

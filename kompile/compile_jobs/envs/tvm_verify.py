@@ -72,6 +72,28 @@ def distinct_top(database: Any, task: Any, k: int) -> list[Any]:
     return out
 
 
+Ranking = list[tuple[Any, list[Any]]]
+"""Each task of a module and its records, fastest first as re-measured here (`verified_ranking`)."""
+
+
+def database_of(ranking: Ranking, picks: list[int] | None = None) -> Any:
+    """A database holding, for each ranked task, its record at `picks[i]` (its last where it has
+    fewer; its first where `picks` is None): what the build applies."""
+    from tvm.s_tir import meta_schedule as ms
+
+    database = ms.database.MemoryDatabase(module_equality="structural")
+    for i, (task, records) in enumerate(ranking):
+        if records:
+            record = records[min(picks[i] if picks else 0, len(records) - 1)]
+            workload = database.commit_workload(task.dispatched[0])
+            database.commit_tuning_record(
+                ms.database.TuningRecord(
+                    record.trace, workload, record.run_secs, record.target, record.args_info
+                )
+            )
+    return database
+
+
 def ranked(times: list[list[float]]) -> list[int]:
     """The candidates that ran, by their median time (the database's order breaks ties)."""
     ran = [c for c, t in enumerate(times) if t]
@@ -80,13 +102,13 @@ def ranked(times: list[list[float]]) -> list[int]:
 
 def verified_ranking(
     tasks: list[Any], target: Any, database: Any, k: int, cores: int
-) -> tuple[list[tuple[Any, list[Any]]], VerifyStats]:
+) -> tuple[Ranking, VerifyStats]:
     """Each of the `tasks` (a module's kernels) and its `k` best records in `database`, fastest here
     first (its best as recorded alone where `k` < 2 or none of its candidates ran here; none where the
-    database lacks it). Its first is what the build applies (tvm_inmodel.database_of)."""
+    database lacks it). Its first is what the build applies (`database_of`)."""
     start = time.monotonic()
     stats = VerifyStats(candidates=k)
-    ranking: list[tuple[Any, list[Any]]] = []
+    ranking: Ranking = []
     contested: list[int] = []
     for task in tasks:
         records = distinct_top(database, task, max(1, k))
