@@ -17,6 +17,8 @@ the figures.
 machine before the build (the default) and with the database's best as recorded. `--tvm-in-model 0,2`
 builds the re-measured ones twice: with the fastest alone (the default) and with each kernel's 2
 fastest alone then compared in the model.
+`--tvm-winograd auto,off` builds tuned TVM with the Winograd convolutions picked by their time in the
+model and again with every convolution direct, from the same database.
 `--tvm-untuned no` leaves untuned TVM out (on BERT-base it takes minutes a call, and its timing
 rounds would take most of the run).
 """
@@ -56,6 +58,10 @@ beside the best re-measured on this machine."""
 TVM_IN_MODEL: list[str] = []
 """The tuningInModel values the re-measured builds are made with (--tvm-in-model, default 0): each its
 own runtime, `-inmodel<N>` appended to the name but for the default."""
+TVM_WINOGRAD: list[str] = []
+"""The winograd values tuned TVM is built with (--tvm-winograd, default auto): each its own runtime,
+`-winograd-<value>` appended to the name but for the first, which tunes first (`auto,off`: auto tunes
+the direct and the Winograd kernels, then off builds the direct ones from the same database)."""
 TVM_MODELS: set[str] = set()
 """The models TVM builds (--tvm-models): untuned TVM runs a call in seconds, so each left out saves
 minutes of timing rounds."""
@@ -89,12 +95,13 @@ def add_tvm(run: CaseRun) -> None:
     # layout has its own records in the database, so each is tuned (or reused) on its own.
     tuned = [
         (
-            _tvm_name(lay, v, m),
+            _tvm_name(lay, v, m) + ("" if w == TVM_WINOGRAD[0] else f"-winograd-{w}"),
             "tvm",
             "fp32",
             None,
-            {**BUDGET, "weightLayout": lay, "tuningVerify": v, "tuningInModel": m},
+            {**BUDGET, "weightLayout": lay, "tuningVerify": v, "tuningInModel": m, "winograd": w},
         )
+        for w in TVM_WINOGRAD
         for lay in TVM_LAYOUTS
         for v in TVM_VERIFY
         # Without re-measuring there is no ranking to compare in the model: one build.
@@ -143,7 +150,7 @@ def _budget(argv: list[str]) -> list[str]:
     p.add_argument("--tvm-models", default="resnet50")
     p.add_argument("--tvm-layouts", default="prepacked,as-is", help="weightLayout values, comma-separated")
     p.add_argument("--tvm-untuned", choices=["yes", "no"], default="yes")
-    p.add_argument("--tvm-winograd", choices=["on", "off"], default="off")
+    p.add_argument("--tvm-winograd", default="auto", help="winograd values (off, on, auto), comma-separated")
     p.add_argument("--tvm-verify", default="8", help="tuningVerify values, comma-separated")
     p.add_argument("--tvm-in-model", default="0", help="tuningInModel values, comma-separated")
     names = [spec[0] for spec in all_stacks()]
@@ -156,7 +163,10 @@ def _budget(argv: list[str]) -> list[str]:
     TVM_LAYOUTS.extend(known.tvm_layouts.split(","))
     if unknown := set(TVM_LAYOUTS) - set(LAYOUT_NAMES):
         p.error(f"--tvm-layouts: {', '.join(sorted(unknown))}; choose from {', '.join(LAYOUT_NAMES)}")
-    BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes, winograd=known.tvm_winograd)
+    BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes)
+    TVM_WINOGRAD.extend(known.tvm_winograd.split(","))
+    if bad := [v for v in TVM_WINOGRAD if v not in ("off", "on", "auto")]:
+        p.error(f"--tvm-winograd: {', '.join(bad)}; choose from off, on, auto")
     TVM_MODELS.update(known.tvm_models.split(","))
     TVM_VERIFY.extend(known.tvm_verify.split(","))
     if bad := [v for v in TVM_VERIFY if not v.isdigit()]:

@@ -224,8 +224,10 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     feeds: list[Feeds], tmp_path: Path, shared: Path
 ) -> None:
     # 56 trials: the floor of 8 for each of the model's 7 tasks, so that every task has a record.
+    # Direct convolutions only (with AVX2's 8 lanes its 8->16 3x3 could also run as Winograd: `auto`
+    # would tune its kernels too; the Winograd pick has its own test).
     first, runner, verdict = _build(
-        _cnn(10), feeds, tmp_path / "a", shared, tuningTrials="56", tuningMinutes="5"
+        _cnn(10), feeds, tmp_path / "a", shared, tuningTrials="56", tuningMinutes="5", winograd="off"
     )
     runner.close()
     assert verdict.passed, verdict.failures
@@ -244,7 +246,7 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     assert len(Database.read(folder).records) == int(o["tuningRecordsShared"]) > 0
 
     second, runner, verdict = _build(
-        _cnn(5), feeds, tmp_path / "b", shared, tuningTrials="0", tuningInModel="2"
+        _cnn(5), feeds, tmp_path / "b", shared, tuningTrials="0", tuningInModel="2", winograd="off"
     )
     runner.close()
     assert verdict.passed, verdict.failures
@@ -278,6 +280,7 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
         tuningMinutes="5",
         tuningScope="all",
         tuningVerify="0",
+        winograd="off",
     )
     runner.close()
     assert verdict.passed, verdict.failures
@@ -369,9 +372,44 @@ def test_winograd_convolutions_match_eager_tuned_and_untuned(feeds: list[Feeds],
         assert o["winograd"] == "on" and o["winogradConvolutions"] == "2" and o["blockedConvolutions"] == "4"
     # Tuned: the transformed weights are constants, prepacked for the batched matmul's schedule.
     assert int(o["prepackedKernels"]) > 0
-    direct, runner, _ = _build(model, feeds, tmp_path / "direct", tmp_path / "db", tuningTrials="0")
+    direct, runner, _ = _build(
+        model, feeds, tmp_path / "direct", tmp_path / "db", tuningTrials="0", winograd="off"
+    )
     runner.close()
     assert direct.options["winograd"] == "off" and direct.options["winogradConvolutions"] == "0"
+
+
+def test_winograd_auto_times_both_forms_in_the_model_and_keeps_the_faster_per_shape(
+    feeds: list[Feeds], tmp_path: Path
+) -> None:
+    torch.manual_seed(7)
+    model = WinogradShapes().eval()
+    # `auto` is the default. Untuned, nothing is measured (an untuned kernel takes seconds a call):
+    # every convolution direct.
+    untuned, _ = _build_matching(model, feeds, tmp_path / "untuned", tmp_path / "db", tuningTrials="0")
+    assert untuned.options["winograd"] == "auto" and untuned.options["winogradConvolutions"] == "0"
+    assert untuned.options["winogradMeasured"] == "not measured: kernels without a tuned schedule; direct"
+    # Tuned: the direct and the Winograd kernels of both eligible shapes, then both builds timed.
+    tuned, _ = _build_matching(
+        model,
+        feeds,
+        tmp_path / "tuned",
+        tmp_path / "db",
+        tuningTrials="160",
+        tuningMinutes="10",
+        tuningTemplates="none",
+        winograd="auto",
+    )
+    o = tuned.options
+    assert o["winograd"] == "auto" and o["blockedConvolutions"] == "4"
+    measured = o["winogradMeasured"].split("; ")
+    assert [m.split(" (")[0].rsplit(" ", 1)[0] for m in measured] == ["16->16 32x32", "16->32 30x30"]
+    picked = [m for m in measured if m.split(" (")[0].endswith(" winograd")]
+    for m in measured:  # each shape in the form it ran faster in, as the record says
+        direct, winograd = (float(v.split()[0]) for v in m.split(" (")[1].rstrip(")").split(", "))
+        assert (m in picked) == (winograd < direct) and direct > 0 and winograd > 0
+    assert o["winogradConvolutions"] == str(len(picked))
+    assert float(o["winogradPickSeconds"]) > 0
 
 
 class ChannelOps(torch.nn.Module):
@@ -666,3 +704,27 @@ def test_an_unreachable_store_only_costs_the_sharing(
     assert db.checkin(state) == 1  # kept locally
     err = capsys.readouterr().err
     assert "tuning database not pulled" in err and "tuning database not pushed" in err
+
+
+def test_a_digits_cnn_trained_here_keeps_its_accuracy_with_its_3x3_as_winograd(
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Winograd's fp32 error on real trained weights and real data (scikit-learn's digits): the 16->32
+    3x3 of a CNN trained here as Winograd F(4x4, 3x3), untuned, gated on the 360 held-out digits."""
+    from tests.pipeline.test_digits import _doc, train_digits
+
+    source, dataset, trained_accuracy = train_digits(tmp_path)
+    assert trained_accuracy > 0.9
+    doc = _doc(source, dataset)
+    options = {"winograd": "on", "tuningTrials": "0"}
+    doc["spec"]["targets"][0]["candidates"] = [{"backend": "tvm", "precision": "fp32", "options": options}]
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    (c,) = t["candidates"]
+    assert c["phase"] == "Succeeded", c.get("message")
+    assert (
+        c["accuracy"] == pytest.approx(t["validation"]["taskAccuracy"]["reference"])
+        and c["accuracyDrop"] == 0
+    )
+    print(json.dumps(c)[:2000])

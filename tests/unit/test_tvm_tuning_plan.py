@@ -83,6 +83,12 @@ def test_the_re_measuring_is_paid_from_the_tuning_minutes_at_most_a_quarter() ->
     assert verify_reserve(
         30, Budget(trials=2000, minutes=30, cores=2, verify=8, in_model=2), "llvm"
     ) == pytest.approx(195.0)
+    # `winograd: auto` times two more builds (42 tasks with the Winograd kernels), re-measured or not.
+    auto = Budget(trials=2000, minutes=30, cores=2, verify=8, pick_builds=2)
+    assert verify_reserve(42, auto, "llvm") == pytest.approx(42 * 8 * 0.75 + 42 * 2 * 0.25)
+    assert (
+        verify_reserve(42, Budget(trials=2000, minutes=30, cores=2, verify=0, pick_builds=2), "llvm") == 21.0
+    )
     # A GPU class applies its records as measured: its tuning keeps the whole budget.
     assert verify_reserve(30, Budget(trials=2000, minutes=30, cores=2, verify=8), "cuda") == 0.0
 

@@ -80,15 +80,18 @@ class TvmOptions(BackendOptions):
         "1.1-1.5x faster than in NCHW); "
         "nchw: the ONNX layout. The database's records differ between the two: switching re-tunes.",
     )
-    winograd: Literal["off", "on"] = Field(
-        default="off",
-        description="on: blocked 3x3 stride-1 convolutions (channels a multiple of the lanes) as Winograd "
+    winograd: Literal["off", "on", "auto"] = Field(
+        default="auto",
+        description="Blocked 3x3 stride-1 convolutions (channels a multiple of the lanes) as Winograd "
         "F(4x4, 3x3): an input transform, one batched matmul per transform point on weights "
-        "transformed at build, an output transform; a quarter of the multiplications. Off by default: "
-        "at batch 1 on 2 cores it measured slower than the direct kernels at the same trials (the "
-        "transformed weights are 4x the direct ones, so small images' matmuls wait on memory; with "
-        "few channels the transforms cost what they save). The database's records differ: switching "
-        "re-tunes.",
+        "transformed at build (4x the direct weights), an output transform; a quarter of the "
+        "multiplications. auto: both forms are tuned, the model is built both ways and timed on the "
+        "compiling node, and each convolution shape keeps the form that took less time in the model "
+        "(`winogradMeasured` in the artifact): on a 2-core AVX-512 EPYC after 30 minutes ResNet-50's "
+        "64, 128 and 256-channel 3x3s ran as Winograd, its 512-channel ones direct, and the model took "
+        "0.96x ONNX Runtime fp32's time (1.03x all direct). Untuned (no schedule yet for a kernel) the "
+        "convolutions stay direct. on: every such convolution as Winograd; off: none. The database's "
+        "records differ between the forms: each is tuned once per class.",
     )
     intra_op_threads: Count = Field(
         default=0,
@@ -119,8 +122,8 @@ ENTRY = BackendEntry(
     # need a TVM runtime image kompile does not build; the artifact stays in the store.
     serving=None,
     environment="tvm",
-    # Not in auto: after a 30-minute tuning on 2 cores its ResNet-50 (blocked, prepacked) took
-    # 1.002x ONNX Runtime fp32's time on an AVX-512 EPYC (38.41 vs 38.33 ms, 2026-11-28) and 1.07x
-    # on an AVX2 one: level at best, and a class's first compile pays that tuning
+    # Not in auto: a class's first compile pays a 30-minute tuning (on 2 cores its ResNet-50 then
+    # took 0.96x ONNX Runtime fp32's time on an AVX-512 EPYC with the Winograd convolutions picked
+    # in the model, 2026-11-28; 1.07x all direct on an AVX2 one), and no server runs the artifact
     # (docs/backends.md, tvm).
 )

@@ -15,17 +15,19 @@ Steps, each recorded in the artifact's options:
   `ConstantOfShape` of an empty shape, `Expand` to a shape holding -1);
 - in the environment (kompile.compile_jobs.envs.tvm): import at that static shape, the plain 2-D
   convolutions and the ops between them in NCHW{lanes}c, the ISA's fp32 vector width
-  (`activationLayout: blocked`), the weights marked layout-free (`weightLayout: prepacked`), tuning
+  (`activationLayout: blocked`), the weights marked layout-free (`weightLayout: prepacked`), the 3x3
+  stride-1 convolutions also built as Winograd F(4x4, 3x3) (`winograd: auto`), tuning
   of the tasks the database lacks (every task, from the database's best, with `tuningScope: all`)
   within `tuningTrials` and `tuningMinutes` (the blocked convolutions first offered register-blocked
   schedules, kompile.compile_jobs.envs.tvm_templates; a first round by each task's FLOPs, the rest by
   its measured time in the model), each kernel's `tuningVerify` best records re-measured on this node
   and the fastest kept (kompile.compile_jobs.envs.tvm_verify; with `tuningInModel`, off by default,
   the fastest few of those compared in the model instead: kompile.compile_jobs.envs.tvm_inmodel),
-  the database's schedules applied and their weight rewrites folded into the constants, the tuned
-  residual kernels written into their residual where nothing reads it after
-  (`residualInPlace`), build and export of `model.so`; the artifact records how many tasks came from
-  the shared database (`tuningDatabaseHitRate`) and the tuning's time;
+  each 3x3 shape kept direct or Winograd by its time in the model (`winogradMeasured`;
+  kompile.compile_jobs.envs.tvm_winograd_pick), the database's schedules applied and their weight
+  rewrites folded into the constants, the tuned residual kernels written into their residual where
+  nothing reads it after (`residualInPlace`), build and export of `model.so`; the artifact records
+  how many tasks came from the shared database (`tuningDatabaseHitRate`) and the tuning's time;
 - the copy merged back into the shared folder and the store (union with what others pushed);
 - `load` starts the environment's process with the Relax VM on the run's threads: validation runs the
   `.so` that ships, and the benchmark times each call in that process (its own measure, the pipe's

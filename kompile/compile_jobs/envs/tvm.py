@@ -4,7 +4,9 @@ onnx, xgboost-cpu; no torch), served by kompile.compile_jobs.env_runner.
 - compile: the pipeline's fp32 ONNX export through the Relax ONNX frontend at the exported static
   shapes, its plain convolutions blocked (NCHW{lanes}c) unless `activationLayout: nchw`, its
   weights marked layout-free unless `weightLayout: as-is`, its 3x3 stride-1 convolutions as
-  Winograd F(4x4, 3x3) with `winograd: on` (kompile.compile_jobs.envs.tvm_winograd), then MetaSchedule
+  Winograd F(4x4, 3x3) with `winograd: on` (kompile.compile_jobs.envs.tvm_winograd) and with `auto`
+  built both ways, each shape kept in the form faster in the model after the tuning
+  (kompile.compile_jobs.envs.tvm_winograd_pick), then MetaSchedule
   (kompile.compile_jobs.envs.tvm_tuning) into the request's `state` folder, the hardware class's
   shared tuning database, within the target's trial and time budget; the database's best schedules,
   each kernel's few best re-measured on this node (kompile.compile_jobs.envs.tvm_verify) and, with
@@ -29,9 +31,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,6 +46,7 @@ from kompile.compile_jobs.envs import (
     tvm_inplace,
     tvm_verify,
     tvm_winograd,
+    tvm_winograd_pick,
     write_arrays,
 )
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string, vector_lanes
@@ -56,6 +59,7 @@ and its own (InternalError, DiagnosticError, OpError) derive from RuntimeError; 
 `tvm.error.TVMError` of earlier releases is gone, and naming it in an `except` clause turned every
 TVM failure into an AttributeError."""
 TVM_LOAD_ERRORS: tuple[type[Exception], ...] = (*TVM_ERRORS, OSError)
+WINOGRAD_MODES = ("off", "on", "auto")
 
 
 def _first_line(err: BaseException) -> str:
@@ -93,7 +97,6 @@ class Steps:
 
     def op_compile(self, req: dict[str, Any]) -> dict[str, Any]:
         import tvm
-        from tvm import relax
 
         if req["precision"] != "fp32":
             raise StepFailed(f"the tvm backend builds fp32 only, not {req['precision']}")
@@ -107,44 +110,66 @@ class Steps:
         if target_json["kind"] == "cuda":
             return {"record": _compile_cuda(mod, target_json, Path(req["out"]), options, req.get("state"))}
         target = tvm.target.Target(target_json)
-        blocked, winograd, unblocked, lanes = 0, 0, "", vector_lanes(options)
-        wants_winograd = options.get("winograd", "off") == "on"
+        lanes = vector_lanes(options)
+        mode = options.get("winograd", "off")
+        if mode not in WINOGRAD_MODES:
+            raise StepFailed(f"winograd must be one of {', '.join(WINOGRAD_MODES)}, not {mode!r}")
+        prepack = options.get("weightLayout", "prepacked") == "prepacked"
+        state = req.get("state")
+        imported, blocked, unblocked = mod, Blocked(mod, 0, 0, []), ""
+        transformed = None  # with `auto`: every eligible convolution as Winograd, to measure against
         if options.get("activationLayout", "blocked") == "blocked":
             try:
-                mod, blocked, winograd = block_convolutions(mod, lanes, wants_winograd)
+                blocked = block_convolutions(imported, lanes, mode == "on")
+                if mode == "auto" and state and blocked.eligible:
+                    transformed = _prepared(block_convolutions(imported, lanes, True).mod, prepack)
             except TVM_ERRORS as err:
                 # The blocked layout is a speed-up: a graph it cannot convert is built as exported.
-                unblocked = _first_line(err)
-        mod = relax.get_pipeline("zero")(mod)
-        prepack = options.get("weightLayout", "prepacked") == "prepacked"
-        if prepack:
-            # The weights are constants: marked layout-free, each tuned kernel may read them in the
-            # blocked layout its schedule wants (MetaSchedule's RewriteLayout); the rewrite of the
-            # constants is folded at build, so the library is called as before.
-            mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
+                blocked, unblocked, transformed = Blocked(imported, 0, 0, []), _first_line(err), None
+        mod = _prepared(blocked.mod, prepack)
         out = Path(req["out"])
         record: dict[str, str] = {
             "frontend": "relax-onnx",
             "tvmTarget": target_string(target_json),
             "outputCount": str(_output_count(mod)),
             "weightLayout": "prepacked" if prepack else "as-is",
-            "activationLayout": f"NCHW{lanes}c" if blocked else "NCHW",
-            "blockedConvolutions": str(blocked),
-            "winograd": "on" if wants_winograd else "off",
-            "winogradConvolutions": str(winograd),
+            "activationLayout": f"NCHW{lanes}c" if blocked.blocked else "NCHW",
+            "blockedConvolutions": str(blocked.blocked),
+            "winograd": mode,
+            "winogradConvolutions": str(blocked.winograd),
         }
         if unblocked:
             record["activationLayoutKept"] = f"NCHW: the blocked layout failed ({unblocked})"
-        state = req.get("state")
+        if mode == "auto" and transformed is None and blocked.eligible:
+            record["winogradMeasured"] = "not measured: nothing tuned (no tuning database); direct"
         if state:
             budget = _budget(options, int(target_json.get("num-cores", os.cpu_count() or 1)))
+            if transformed is not None:
+                budget = dataclasses.replace(budget, pick_builds=2)
 
             def finish(tuned: Any, database: Any) -> Any:
                 return _apply(tuned, database, target, prepack)[0]
 
-            database, stats = _tuned_database(
-                mod, target, Path(state), budget, out.parent, in_model=(finish, example)
+            variants = [mod] if transformed is None else [mod, transformed]
+            database, stats, ranking, complete = _tuned_database(
+                variants, target, Path(state), budget, out.parent
             )
+            if transformed is not None:
+                mod, count, measured = _pick_winograd(
+                    imported,
+                    mod,
+                    transformed,
+                    blocked.eligible,
+                    complete,
+                    (finish, database, example),
+                    target,
+                    lanes,
+                    prepack,
+                    budget.cores,
+                )
+                record.update(measured, winogradConvolutions=str(count))
+            if ranking is not None and budget.in_model >= 2:
+                database = _ranked_in_model(mod, target, ranking, budget, stats, (finish, example))
             record.update(stats.record())
             mod, applied_record = _apply(mod, database, target, prepack)
             record.update(applied_record)
@@ -266,7 +291,7 @@ def _tune_and_apply(mod: Any, target: Any, state: Path, budget: Any, scratch: Pa
     `budget`, then apply the database's schedules: the module and the tuning's stats."""
     from tvm import relax
 
-    database, stats = _tuned_database(mod, target, state, budget, scratch)
+    database, stats, _, _ = _tuned_database([mod], target, state, budget, scratch)
     with target, database:
         return relax.transform.MetaScheduleApplyDatabase()(mod), stats
 
@@ -276,12 +301,23 @@ InModel = tuple[Callable[[Any, Any], Any], list[Array]]
 what ranking the records by their time in the model (tvm_inmodel) builds and runs."""
 
 
+def _prepared(mod: Any, prepack: bool) -> Any:
+    """A (blocked) module legalized and fused by Relax's default pipeline; with `prepack` its weights
+    marked layout-free: each tuned kernel may read the constants in the blocked layout its schedule
+    wants (MetaSchedule's RewriteLayout), rewritten once at build, so the library is called as before."""
+    from tvm import relax
+
+    mod = relax.get_pipeline("zero")(mod)
+    return relax.transform.AttachAttrLayoutFreeBuffers()(mod) if prepack else mod
+
+
 def _tuned_database(
-    mod: Any, target: Any, state: Path, budget: Any, scratch: Path, in_model: InModel | None = None
-) -> tuple[Any, Any]:
-    """Tune the tasks of `mod` the database in `state` lacks (every task with scope "all"), within
-    `budget`: the database to apply (on CPUs each kernel's best re-measured here, then ranked in the
-    model where `in_model` is given) and the tuning's stats."""
+    mods: list[Any], target: Any, state: Path, budget: Any, scratch: Path
+) -> tuple[Any, Any, tvm_verify.Ranking | None, bool]:
+    """Tune the tasks of `mods` (builds of one model) the database in `state` lacks (every task with
+    scope "all"), within `budget`: the database to apply (on CPUs each kernel's best re-measured
+    here), the tuning's stats, the re-measured ranking (None where not re-measured) and whether every
+    task has a record."""
     from tvm.s_tir import meta_schedule as ms
 
     from kompile.compile_jobs.envs import tvm_tuning
@@ -290,12 +326,13 @@ def _tuned_database(
     try:
         with target:
             # One list of tasks for the tuning and the re-measuring, so that both see the same kernels.
-            tasks = ms.relax_integration.extract_tasks(mod, target)
+            tasks = tvm_tuning.distinct_tasks([ms.relax_integration.extract_tasks(m, target) for m in mods])
             stats = tvm_tuning.tune(tasks, target, database, budget, scratch / "tvm-tuning-logs")
     except TVM_ERRORS as err:
         raise StepFailed(f"MetaSchedule tuning failed: {_first_line(err)}") from err
+    complete = all(tvm_tuning.has_record(database, t) for t in tasks)
     if not tvm_tuning.verifies(str(target.kind.name), budget):
-        return database, stats
+        return database, stats, None, complete
     # The database's best few per kernel re-measured here (kompile.compile_jobs.envs.tvm_verify).
     try:
         with target:
@@ -307,8 +344,14 @@ def _tuned_database(
             f"re-measuring the tuning database's best schedules failed: {_first_line(err)}"
         ) from err
     stats.verified = verified.record()
-    if in_model is None or budget.in_model < 2:
-        return tvm_verify.database_of(ranking), stats
+    return tvm_verify.database_of(ranking), stats, ranking, complete
+
+
+def _ranked_in_model(
+    mod: Any, target: Any, ranking: tvm_verify.Ranking, budget: Any, stats: Any, in_model: InModel
+) -> Any:
+    """The database of each kernel's record fastest in the model (tvm_inmodel), of its
+    `budget.in_model` re-measured fastest; the records re-measured fastest alone where that fails."""
     finish, feeds = in_model
     try:
         database, ranked = tvm_inmodel.ranked_in_model(
@@ -317,9 +360,45 @@ def _tuned_database(
     except TVM_ERRORS as err:
         # A speed-up only: the records re-measured fastest alone are built instead.
         stats.in_model = {"tuningInModel": f"not ranked: {_first_line(err)}"}
-        return tvm_verify.database_of(ranking), stats
+        return tvm_verify.database_of(ranking)
     stats.in_model = ranked.record()
-    return database, stats
+    return database
+
+
+def _pick_winograd(
+    imported: Any,
+    direct: Any,
+    transformed: Any,
+    eligible: list[ConvShape],
+    complete: bool,
+    build: tuple[Callable[[Any, Any], Any], Any, list[Array]],
+    target: Any,
+    lanes: int,
+    prepack: bool,
+    cores: int,
+) -> tuple[Any, int, dict[str, str]]:
+    """`winograd: auto`: the module with the eligible convolution shapes that ran faster as Winograd
+    in the model as Winograd (tvm_winograd_pick), how many convolutions that is, and the record.
+    `build` is the build's post-processing, the database to apply and the model's inputs. Direct
+    where a kernel has no tuned schedule yet (an untuned kernel takes seconds: nothing to learn) or
+    the measuring fails."""
+    finish, database, feeds = build
+    if not complete:
+        return direct, 0, {"winogradMeasured": "not measured: kernels without a tuned schedule; direct"}
+    try:
+        picked = tvm_winograd_pick.pick(
+            direct, transformed, eligible, target, cores, feeds, lambda m: finish(m, database)
+        )
+    except TVM_ERRORS as err:
+        return direct, 0, {"winogradMeasured": f"not measured: {_first_line(err)}; direct"}
+    count = sum(1 for shape in eligible if shape in picked.winograd)
+    if count == len(eligible):
+        chosen = transformed
+    elif count == 0:
+        chosen = direct
+    else:
+        chosen = _prepared(block_convolutions(imported, lanes, picked.winograd).mod, prepack)
+    return chosen, count, picked.record()
 
 
 def _apply(mod: Any, database: Any, target: Any, prepack: bool) -> tuple[Any, dict[str, str]]:
@@ -360,16 +439,32 @@ def _why_not_tuned(budget: Any) -> str:
     return ""
 
 
-def block_convolutions(mod: Any, lanes: int, winograd: bool = False) -> tuple[Any, int, int]:
+ConvShape = tuple[int, ...]
+"""A convolution that could run as Winograd, as `winograd` names it to block_convolutions: input
+channels, output channels, image height and width, then its padding."""
+
+
+class Blocked(NamedTuple):
+    mod: Any
+    blocked: int
+    """Convolutions in NCHW{lanes}c."""
+    winograd: int
+    """Of those, the ones that run as Winograd."""
+    eligible: list[ConvShape]
+    """The shape of each convolution that could run as Winograd, in the graph's order (a shape once
+    per convolution of that shape)."""
+
+
+def block_convolutions(mod: Any, lanes: int, winograd: bool | Collection[ConvShape] = False) -> Blocked:
     """The 2-D convolutions (groups 1, channels a multiple of `lanes`, or fewer input channels than
     `lanes`: a stem) in NCHW{lanes}c: the channel block is the innermost axis, one vector register
     wide, whatever the image's width. In NCHW a 1x1 convolution on a 7x7 or 14x14 image vectorizes
     along a row of 7 or 14 floats; in ResNet-50 the blocked layout made those tuned kernels 1.1-1.5x
     faster at the same trials, and its 7x7 stem 1.5x (as ONNX Runtime's NCHWc kernels are laid
     out). The pools, adds and activations between convolutions follow the layout; transforms stay
-    at the edges. With `winograd`, the blocked 3x3 stride-1 ones whose input channels are whole
-    blocks run as Winograd F(4x4, 3x3) (kompile.compile_jobs.envs.tvm_winograd). Returns the
-    module, how many convolutions were blocked and how many of those run as Winograd."""
+    at the edges. The blocked 3x3 stride-1 convolutions whose input channels are whole blocks run as
+    Winograd F(4x4, 3x3) (kompile.compile_jobs.envs.tvm_winograd) where `winograd` is True or names
+    their shape."""
     from tvm import relax, topi
 
     block = [f"NCHW{lanes}c", f"OIHW{lanes}o", f"NCHW{lanes}c"]
@@ -389,18 +484,18 @@ def block_convolutions(mod: Any, lanes: int, winograd: bool = False) -> tuple[An
             return plain  # a symbolic channel count
         if outputs % lanes:
             return plain
-        if (
-            winograd
-            and channels % lanes == 0
-            and tvm_winograd.eligible(
-                (int(call.args[1].ty.shape[2]), int(call.args[1].ty.shape[3])),
-                tuple(int(s) for s in call.attrs.strides),
-                tuple(int(d) for d in call.attrs.dilation),
-            )
+        if channels % lanes == 0 and tvm_winograd.eligible(
+            (int(call.args[1].ty.shape[2]), int(call.args[1].ty.shape[3])),
+            tuple(int(s) for s in call.attrs.strides),
+            tuple(int(d) for d in call.attrs.dilation),
         ):
-            # The kernel stays OIHW, the mark legalize knows it by: it becomes Winograd's
-            # transformed kernel there.
-            return {"relax.nn.conv2d": [block[0], "OIHW", block[2]]}
+            image = (int(call.args[0].ty.shape[2]), int(call.args[0].ty.shape[3]))
+            shape = (channels, outputs, *image, *(int(p) for p in call.attrs.padding))
+            eligible.append(shape)
+            if winograd if isinstance(winograd, bool) else shape in winograd:
+                # The kernel stays OIHW, the mark legalize knows it by: it becomes Winograd's
+                # transformed kernel there.
+                return {"relax.nn.conv2d": [block[0], "OIHW", block[2]]}
         if channels < lanes:
             # A stem's few input channels (an image's 3) as one block: the input is read
             # channels-innermost and the output comes out blocked, as ONNX Runtime's NCHWc stem does.
@@ -408,6 +503,7 @@ def block_convolutions(mod: Any, lanes: int, winograd: bool = False) -> tuple[An
         return {"relax.nn.conv2d": block}
 
     blocked, transformed = 0, 0
+    eligible: list[ConvShape] = []
 
     def legalize(bb: Any, call: Any) -> Any:
         nonlocal blocked, transformed
@@ -433,7 +529,7 @@ def block_convolutions(mod: Any, lanes: int, winograd: bool = False) -> tuple[An
     # The weights' layout transforms run once, here, on the constants.
     mod = relax.transform.FoldConstant()(relax.transform.Normalize()(mod))
     mod = relax.transform.LegalizeOps({"relax.nn.conv2d": legalize})(mod)
-    return mod, blocked, transformed
+    return Blocked(mod, blocked, transformed, eligible)
 
 
 def _fold_weight_rewrites(mod: Any) -> Any:

@@ -62,6 +62,9 @@ class Budget:
     """Of those, the fastest few per kernel then compared in the model (tvm_inmodel); < 2: none."""
     templates: bool = True
     """Offer the register-blocked convolution schedules (tvm_templates) as candidates."""
+    pick_builds: int = 0
+    """Whole-model builds timed after the tuning to pick the Winograd convolutions (`winograd: auto`,
+    tvm_winograd_pick): 2 where the model has convolutions to pick, else 0."""
 
 
 SCOPES = ("missing", "all")
@@ -161,6 +164,28 @@ def _best_record(database: Any, task: Any) -> Any:
     """The task's best tuning record in the database, or None."""
     top = _top(database, task, 1)
     return top[0] if top else None
+
+
+def has_record(database: Any, task: Any) -> bool:
+    """Whether the database holds a valid record of the task (a schedule that ran)."""
+    return bool(_top(database, task, 1))
+
+
+def distinct_tasks(extracted: list[list[Any]]) -> list[Any]:
+    """The tasks of several builds of one model, each workload once (the first task found for it):
+    MetaSchedule extracts each build's tasks apart, and kernels the builds share are one workload."""
+    from tvm.s_tir import meta_schedule as ms
+
+    seen = ms.database.MemoryDatabase(module_equality="structural")
+    workloads: list[Any] = []
+    out: list[Any] = []
+    for tasks in extracted:
+        for task in tasks:
+            workload = seen.commit_workload(task.dispatched[0])
+            if not any(w.same_as(workload) for w in workloads):
+                workloads.append(workload)
+                out.append(task)
+    return out
 
 
 def _trials_of(database: Any, task: Any) -> int:
@@ -279,18 +304,17 @@ def verifies(kind: str, budget: Budget) -> bool:
 
 
 IN_MODEL_SECONDS = 0.25
-"""A task's share of one whole-model build and its timing in tvm_inmodel, per rank compared, on 2 cores
-(ResNet-50's 30 tasks, 2 ranks: 14.6 s on an AVX-512 EPYC)."""
+"""A task's share of one whole-model build and its timing in tvm_inmodel or tvm_winograd_pick, per
+build, on 2 cores (ResNet-50's 30 tasks, 2 ranks: 14.6 s on an AVX-512 EPYC)."""
 
 
 def verify_reserve(tasks: int, budget: Budget, kind: str) -> float:
-    """Seconds of the tuning's time budget kept for re-measuring its best schedules and ranking them
-    in the model: at most a quarter; none where the build does not re-measure."""
-    if not verifies(kind, budget):
-        return 0.0
-    in_model = tasks * budget.in_model * IN_MODEL_SECONDS if budget.in_model > 1 else 0.0
-    verify = tasks * budget.verify * VERIFY_SECONDS * 2 / max(2, budget.cores)
-    return min(budget.minutes * 15.0, verify + in_model)
+    """Seconds of the tuning's time budget kept for re-measuring its best schedules, ranking them in
+    the model and timing the Winograd pick's builds: at most a quarter."""
+    measured = verifies(kind, budget)
+    builds = budget.pick_builds + (budget.in_model if measured and budget.in_model > 1 else 0)
+    verify = tasks * budget.verify * VERIFY_SECONDS * 2 / max(2, budget.cores) if measured else 0.0
+    return min(budget.minutes * 15.0, verify + tasks * builds * IN_MODEL_SECONDS)
 
 
 MIN_TRIALS = 8
