@@ -89,7 +89,7 @@ class TvmOptions(BackendOptions):
         "compiling node, and each convolution shape keeps the form that took less time in the model "
         "(`winogradMeasured` in the artifact): on a 2-core AVX-512 EPYC after 30 minutes ResNet-50's "
         "64, 128 and 256-channel 3x3s ran as Winograd, its 512-channel ones direct, and the model took "
-        "0.96x ONNX Runtime fp32's time (1.03x all direct). Untuned (no schedule yet for a kernel) the "
+        "0.89-0.96x ONNX Runtime fp32's time (1.03x all direct). Untuned (no schedule yet for a kernel) the "
         "convolutions stay direct. on: every such convolution as Winograd; off: none. The database's "
         "records differ between the forms: each is tuned once per class.",
     )
@@ -123,7 +123,7 @@ ENTRY = BackendEntry(
     serving=None,
     environment="tvm",
     # Not in auto: a class's first compile pays a 30-minute tuning (on 2 cores its ResNet-50 then
-    # took 0.96x ONNX Runtime fp32's time on an AVX-512 EPYC with the Winograd convolutions picked
+    # took 0.89-0.96x ONNX Runtime fp32's time on an AVX-512 EPYC with the Winograd convolutions picked
     # in the model, 2026-11-28; 1.07x all direct on an AVX2 one), and no server runs the artifact
     # (docs/backends.md, tvm).
 )
