@@ -38,6 +38,7 @@ sys.path[:0] = [str(ROOT)]
 from cpu_artifacts import CaseRun, ModelCase, add_run_artifacts, best_validated, main, measure_case  # noqa: E402
 from edge_artifacts import ORT, BuiltSpec, add_built  # noqa: E402
 
+from kompile.api.catalog.tvm import TvmOptions  # noqa: E402
 from kompile.compile_jobs import tvm_database  # noqa: E402
 
 ORT_FP32 = [a for a in ORT if a[0] == "ort-fp32"]
@@ -165,8 +166,9 @@ def _budget(argv: list[str]) -> list[str]:
         p.error(f"--tvm-layouts: {', '.join(sorted(unknown))}; choose from {', '.join(LAYOUT_NAMES)}")
     BUDGET.update(tuningTrials=known.tvm_trials, tuningMinutes=known.tvm_minutes)
     TVM_WINOGRAD.extend(known.tvm_winograd.split(","))
-    if bad := [v for v in TVM_WINOGRAD if v not in ("off", "on", "auto")]:
-        p.error(f"--tvm-winograd: {', '.join(bad)}; choose from off, on, auto")
+    modes = TvmOptions.choices("winograd") or []
+    if bad := [v for v in TVM_WINOGRAD if v not in modes]:
+        p.error(f"--tvm-winograd: {', '.join(bad)}; choose from {', '.join(modes)}")
     TVM_MODELS.update(known.tvm_models.split(","))
     TVM_VERIFY.extend(known.tvm_verify.split(","))
     if bad := [v for v in TVM_VERIFY if not v.isdigit()]:

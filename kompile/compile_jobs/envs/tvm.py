@@ -50,6 +50,7 @@ from kompile.compile_jobs.envs import (
     write_arrays,
 )
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string, vector_lanes
+from kompile.compile_jobs.envs.tvm_winograd_pick import ConvShape
 
 Array = np.ndarray[Any, Any]
 
@@ -437,11 +438,6 @@ def _why_not_tuned(budget: Any) -> str:
     except StepFailed as err:
         return str(err)
     return ""
-
-
-ConvShape = tuple[int, ...]
-"""A convolution that could run as Winograd, as `winograd` names it to block_convolutions: input
-channels, output channels, image height and width, then its padding."""
 
 
 class Blocked(NamedTuple):

@@ -33,7 +33,8 @@ PART = "winograd"
 """In the name of each of its kernels: the transform, the batched matmul, the output transform."""
 
 ConvShape = tuple[int, ...]
-"""As kompile.compile_jobs.envs.tvm names it: channels in and out, height, width, padding."""
+"""A convolution that could run as Winograd, as kompile.compile_jobs.envs.tvm's block_convolutions
+lists and is told them: input channels, output channels, image height and width, then its padding."""
 Call = tuple[str, float, tuple[int, ...]]
 """One kernel call: its name, its seconds, the shape of its first tensor argument."""
 
