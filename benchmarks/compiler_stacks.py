@@ -145,17 +145,22 @@ def run_case(case: ModelCase, args: argparse.Namespace, work: Path, threads: int
 
 def _budget(argv: list[str]) -> list[str]:
     """Takes the --tvm-* options off argv (the shared parser does not know them)."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--tvm-trials", default="64")
-    p.add_argument("--tvm-minutes", default="5")
-    p.add_argument("--tvm-models", default="resnet50")
+    p = argparse.ArgumentParser(
+        add_help=False, usage="compiler_stacks.py [TVM and stack options] [shared options]"
+    )
+    p.add_argument("--tvm-trials", default="64", help="tuningTrials: the trial budget")
+    p.add_argument("--tvm-minutes", default="5", help="tuningMinutes: the time budget")
+    p.add_argument("--tvm-models", default="resnet50", help="the models TVM builds, comma-separated")
     p.add_argument("--tvm-layouts", default="prepacked,as-is", help="weightLayout values, comma-separated")
-    p.add_argument("--tvm-untuned", choices=["yes", "no"], default="yes")
+    p.add_argument("--tvm-untuned", choices=["yes", "no"], default="yes", help="also build untuned TVM")
     p.add_argument("--tvm-winograd", default="auto", help="winograd values (off, on, auto), comma-separated")
     p.add_argument("--tvm-verify", default="8", help="tuningVerify values, comma-separated")
     p.add_argument("--tvm-in-model", default="0", help="tuningInModel values, comma-separated")
     names = [spec[0] for spec in all_stacks()]
     p.add_argument("--stacks", default=",".join(names), help="the other stacks timed beside TVM, or none")
+    if {"-h", "--help"} & set(argv):
+        # The shared parser prints its own options and exits; these come first so --help shows both.
+        print(p.format_help())
     known, rest = p.parse_known_args(argv)
     STACKS.extend(["none"] if known.stacks == "none" else known.stacks.split(","))
     if unknown := set(STACKS) - {*names, "none"}:
