@@ -218,6 +218,20 @@ def test_a_bert_export_imports_after_folding_and_honours_the_mask(tmp_path: Path
     assert verdict.passed, verdict.failures  # the padded rows' mask is honoured, as eager does
     assert artifact.options["graphFolding"] == "onnxruntime-basic"
     assert artifact.options["exportedStatic"] == "input_ids=[2, 16];attention_mask=[2, 16]"
+    # Its two layers' GELU (erf) and attention softmax run as TVM's polynomial forms by default...
+    assert artifact.options["fastMath"] == "on: erf 2, softmax 2"
+    fast = max(o.max_abs_error for o in verdict.outputs)
+    # ...and as the exact functions on request, the two within float32 rounding of each other.
+    exact_target = target.model_copy(update={"options": {"tuningTrials": "0", "fastMath": "off"}})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ROOT_ENV, str(tmp_path / "db"))
+        exact, runner, verdict = build_and_compare(
+            exact_target, model, sig, feeds, tmp_path / "exact", onnx_path=path
+        )
+    runner.close()
+    assert verdict.passed, verdict.failures
+    assert exact.options["fastMath"] == "off"
+    assert fast < 1e-4 and max(o.max_abs_error for o in verdict.outputs) < 1e-4
 
 
 def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_refines_it(

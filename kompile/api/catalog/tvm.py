@@ -93,6 +93,13 @@ class TvmOptions(BackendOptions):
         "convolutions stay direct. on: every such convolution as Winograd; off: none. The database's "
         "records differ between the forms: each is tuned once per class.",
     )
+    fast_math: Literal["on", "off"] = Field(
+        default="on",
+        description="on: exp, erf, tanh and softmax as TVM's polynomial approximations (fast_exp, "
+        "fast_erf, fast_tanh, fast_softmax; within a few float32 ulps), which vectorize where the C "
+        "library's scalar expf and erff keep a loop from it, as ONNX Runtime's MLAS has its own; "
+        "validation still gates the artifact. off: the exact functions. CPU classes only.",
+    )
     intra_op_threads: Count = Field(
         default=0,
         description="Threads of the TVM runtime at validation and timing, and the target's num-cores "
