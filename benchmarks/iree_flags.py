@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -62,6 +63,9 @@ def variants(text: str) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for item in filter(None, text.split("|")):
         name, _, spec = item.partition("=")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+            # The name becomes a target's; a bad one would fail only after the first model's export.
+            raise SystemExit(f"--variants: {name!r} is not a target name (lower-case letters, digits and -)")
         out[name] = dict(kv.split(":", 1) for kv in spec.split(";") if kv)
     return out
 
@@ -141,6 +145,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=15)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    chosen = variants(args.variants)  # checked before any model is exported
     threads = set_threads(args.threads)
     figures: dict[str, Any] = {
         "threads": threads,
@@ -149,7 +154,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="iree-flags-") as tmp:
         for name in args.models.split(","):
-            figures[name] = run_model(name, variants(args.variants), threads, args.iterations, Path(tmp))
+            figures[name] = run_model(name, chosen, threads, args.iterations, Path(tmp))
     text = json.dumps(figures, indent=2)
     if args.out:
         args.out.write_text(text)
