@@ -131,6 +131,6 @@ ENTRY = BackendEntry(
     environment="tvm",
     # Not in auto: a class's first compile pays a 30-minute tuning (on 2 cores its ResNet-50 then
     # took 0.89-0.96x ONNX Runtime fp32's time on an AVX-512 EPYC with the Winograd convolutions picked
-    # in the model, 2026-11-28; 1.07x all direct on an AVX2 one), and no server runs the artifact
-    # (docs/backends.md, tvm).
+    # in the model, 2026-11-28; 1.07x all direct on an AVX2 one; BERT-base 0.89-0.95x with fast
+    # math), and no server runs the artifact (docs/backends.md, tvm).
 )
