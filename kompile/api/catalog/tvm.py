@@ -96,9 +96,9 @@ class TvmOptions(BackendOptions):
     fast_math: Literal["on", "off"] = Field(
         default="on",
         description="on: exp, erf, tanh and softmax as TVM's polynomial approximations (fast_exp, "
-        "fast_erf, fast_tanh, fast_softmax; within a few float32 ulps), which vectorize where the C "
-        "library's scalar expf and erff keep a loop from it, as ONNX Runtime's MLAS has its own; "
-        "validation still gates the artifact. off: the exact functions. CPU classes only.",
+        "fast_erf, fast_tanh, fast_softmax; within 6 float32 ulps of the exact ones), which vectorize "
+        "where the C library's scalar expf and erff keep a loop from it, as ONNX Runtime's MLAS has "
+        "its own; validation still gates the artifact. off: the exact functions. CPU classes only.",
     )
     intra_op_threads: Count = Field(
         default=0,
