@@ -27,6 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "benchmarks")]
 from cpu_artifacts import CASES, build, export, torch_call  # noqa: E402
 
 from kompile.api.spec import InputSpec, Target  # noqa: E402
+from kompile.api.vocabulary import DNS_LABEL_PATTERN, NAME_MAX  # noqa: E402
 from kompile.compile_jobs import benchmark  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, Feeds, Runner, get_backend  # noqa: E402
 from kompile.compile_jobs.benchmark import QuietRounds, set_threads, time_interleaved  # noqa: E402
@@ -63,9 +64,11 @@ def variants(text: str) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for item in filter(None, text.split("|")):
         name, _, spec = item.partition("=")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        if not re.match(DNS_LABEL_PATTERN, name) or len(name) > NAME_MAX:
             # The name becomes a target's; a bad one would fail only after the first model's export.
-            raise SystemExit(f"--variants: {name!r} is not a target name (lower-case letters, digits and -)")
+            raise SystemExit(
+                f"--variants: {name!r} is not a target name (up to 63 lower-case letters, digits and -)"
+            )
         out[name] = dict(kv.split(":", 1) for kv in spec.split(";") if kv)
     return out
 
