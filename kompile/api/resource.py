@@ -54,6 +54,20 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def _quote_hint(loc: tuple[int | str, ...], value: bool | int | float) -> str:
+    # YAML reads 0, 2.5, on/off, yes/no and true/false unquoted as numbers and booleans; the options
+    # and label maps (like the CRD's) hold strings, and a bare "should be a valid string" hides why.
+    what = "option values are strings" if "options" in loc else "a string is expected here"
+    key = loc[-1] if loc and isinstance(loc[-1], str) else "value"
+    if isinstance(value, bool):
+        spelled = '"on" or "true"' if value else '"off" or "false"'
+        return (
+            f"{what}, and YAML reads an unquoted on/off, yes/no or true/false as a boolean: "
+            f"quote the value as docs/reference.md spells it ({key}: {spelled})"
+        )
+    return f'{what}, and YAML reads an unquoted {value} as a number: quote it ({key}: "{value}")'
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid CompiledModel manifest:"]
     for e in err.errors():
@@ -62,6 +76,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         msg = str(e["msg"]).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field (check its spelling; `kubectl explain compiledmodel.spec` lists fields)"
+        elif e["type"] == "string_type" and isinstance(e.get("input"), bool | int | float):
+            msg = _quote_hint(loc, e["input"])
         lines.append(f"  - {_field_path(loc) or '(document)'}: {msg}")
     return "\n".join(lines)
 

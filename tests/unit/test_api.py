@@ -106,6 +106,31 @@ def test_invalid_manifest_names_the_field(mutate, field: str, phrase: str) -> No
     assert phrase in text, text
 
 
+@pytest.mark.parametrize(
+    ("written", "hint"),
+    [
+        ("{tuningTrials: 0}", 'tuningTrials: "0"'),
+        ("{fastMath: off}", "YAML reads an unquoted"),
+        ("{tuningMinutes: 2.5}", 'tuningMinutes: "2.5"'),
+    ],
+)
+def test_an_unquoted_option_value_is_refused_saying_to_quote_it(
+    tmp_path: Path, written: str, hint: str
+) -> None:
+    # Options are a map of strings (as in the CRD); YAML turns 0, 2.5, on/off, yes/no into numbers
+    # and booleans, which pydantic alone reports as "Input should be a valid string".
+    doc = minimal()
+    doc["spec"]["targets"][0].update(backend="tvm")
+    text = yaml.safe_dump(doc).replace("backend: tvm", f"backend: tvm\n    options: {written}")
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    message = str(info.value)
+    assert "- spec.targets[0].options." in message and "option values are strings" in message, message
+    assert hint in message, message
+
+
 def test_wrong_kind_is_refused() -> None:
     doc = minimal() | {"kind": "Deployment"}
     with pytest.raises(ManifestError, match="kind: CompiledModel"):
