@@ -25,5 +25,13 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
   "$venv/bin/python" -m pip install -q --progress-bar off --no-deps -r "$edge"
   touch "$venv/.complete"
 fi
-"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
+# setuptools warns about editable installs on every run; its output is shown only when it fails.
+log=$(mktemp)
+if ! "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  echo "installing kompile into $venv failed (pip's output above)" >&2
+  exit 1
+fi
+rm -f "$log"
 echo "$venv"
