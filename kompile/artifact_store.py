@@ -1,4 +1,4 @@
-"""The artifact store: a local folder (file://) or an S3 bucket (s3://), behind three verbs.
+"""The artifact store: a local folder (file://) or an S3 bucket (s3://), behind a few verbs.
 
 Shared by compile Jobs (which upload) and the operator (which reads results and cache entries), so
 it depends on nothing heavy: boto3 is imported only when an s3:// URI is used. Credentials come from
@@ -7,6 +7,8 @@ a Secret's data passed in, or from the environment; they are never logged or put
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -187,6 +189,72 @@ def write_bytes(
         s3_client(endpoint, credentials).put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
     except (BotoCoreError, ClientError) as err:
         raise _s3_error("write of", uri, err) from None
+
+
+def read_versioned(
+    uri: str, endpoint: str | None = None, credentials: Credentials | None = None
+) -> tuple[bytes | None, str | None]:
+    """The object's bytes and its version (S3: the ETag; a file: its sha256), for
+    `write_if_unchanged`; (None, None) when it does not exist."""
+    if not is_s3(uri):
+        data = read_bytes(uri)
+        return data, (None if data is None else hashlib.sha256(data).hexdigest())
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = _s3(uri)
+    try:
+        got = s3_client(endpoint, credentials).get_object(Bucket=loc.bucket, Key=loc.key)
+        return got["Body"].read(), str(got["ETag"])
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None, None
+        raise _s3_error("read of", uri, err) from None
+    except BotoCoreError as err:
+        raise _s3_error("read of", uri, err) from None
+
+
+_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+"""S3's answers to a conditional write another writer got to first."""
+
+
+def write_if_unchanged(
+    uri: str,
+    data: bytes,
+    version: str | None,
+    endpoint: str | None = None,
+    credentials: Credentials | None = None,
+) -> bool:
+    """Write the object only if it is still at `version` (None: still absent), as read by
+    `read_versioned`; False when another writer changed it since: read it again and redo the change.
+    S3 conditional writes (If-Match / If-None-Match) on a bucket; a file lock on a local store."""
+    if not is_s3(uri):
+        path = _local(uri)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with (path.parent / f".{path.name}.lock").open("w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                now = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+                if now != version:
+                    return False
+                tmp = path.parent / f".{path.name}.tmp"
+                tmp.write_bytes(data)
+                tmp.replace(path)
+        except OSError as err:
+            raise StoreError(f"write of {uri} failed: {err.strerror or type(err).__name__}") from None
+        return True
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = _s3(uri)
+    condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+    try:
+        s3_client(endpoint, credentials).put_object(Bucket=loc.bucket, Key=loc.key, Body=data, **condition)
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in _LOST_RACE:
+            return False
+        raise _s3_error("write of", uri, err) from None
+    except BotoCoreError as err:
+        raise _s3_error("write of", uri, err) from None
+    return True
 
 
 def file_sizes(

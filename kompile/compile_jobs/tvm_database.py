@@ -5,9 +5,11 @@ A database is MetaSchedule's JSON pair: `database_workload.json` (one `[hash, wo
 tuned kernel) and `database_tuning_record.json` (one `[workload line index, record]` line per
 measured schedule). A build works on a private copy (the compile request's `state`) and extends it;
 afterwards the copy is merged into the local shared folder (under a lock: two local runs may finish
-together) and, in a Job, into the store's copy (read again just before the write: what another build
-of the class pushed meanwhile is kept; losing a race loses records, never correctness). The merge is
-the union of workloads and of records, records re-indexed to the merged workload lines.
+together) and, in a Job, into the store's copy: one object holding both files, read, merged and
+written only if no other build of the class wrote it in between (S3 conditional writes; a file lock
+on a local store), else read and merged again, so that two builds pushing at once both keep what
+they tuned. The merge is the union of workloads and of records, records re-indexed to the merged
+workload lines.
 
 Locally (`kompile run`) the shared folder is ${KOMPILE_CACHE:-~/.cache/kompile}/tuning-databases,
 shared by every run on this machine; a Job uses <store>/timing-caches (KOMPILE_TIMING_CACHE_URI).
@@ -31,6 +33,11 @@ from kompile.artifact_store import StoreError
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 FILES = (WORKLOADS, RECORDS)
+STORE_OBJECT = "tuning-database.json"
+"""The store's copy: both files' lines in one object, so that one conditional write replaces both
+(two writes let another build's workloads land between them, filing records under its kernels)."""
+PUSH_ATTEMPTS = 8
+"""Merges a push tries while other builds of the class keep writing the store's copy first."""
 ROOT_ENV = "KOMPILE_TUNING_DB_DIR"
 """The local shared folder of tuning databases, over the cache's."""
 
@@ -77,6 +84,17 @@ class Database:
 
     def texts(self) -> tuple[str, str]:
         return "".join(w + "\n" for w in self.workloads), "".join(r + "\n" for r in self.records)
+
+    def encode(self) -> bytes:
+        return json.dumps({"workloads": self.workloads, "records": self.records}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, uri: str) -> Database:
+        try:
+            doc = json.loads(data)
+            return cls([str(w) for w in doc["workloads"]], [str(r) for r in doc["records"]])
+        except (ValueError, TypeError, KeyError) as err:
+            raise StoreError(f"{uri} is not a tuning database ({type(err).__name__})") from None
 
     def merged(self, other: Database) -> Database:
         """The union of both: workloads by their line, records by (workload, record) once each."""
@@ -144,7 +162,7 @@ class SharedDatabase:
         if self.remote is None:
             return 0
         try:
-            theirs = self._remote_database()
+            theirs = self._remote_database()[0]
         except StoreError as err:  # a database is only a speed-up: tune without the store's
             print(f"kompile: tuning database not pulled from {self.remote}: {err}", file=sys.stderr)
             return 0
@@ -178,30 +196,32 @@ class SharedDatabase:
                 print(f"kompile: tuning database not pushed to {self.remote}: {err}", file=sys.stderr)
         return len(after.records) - len(before.records)
 
-    def _remote_database(self) -> Database | None:
-        from kompile.artifact_store import read_bytes
-
+    @property
+    def _object(self) -> str:
         assert self.remote is not None
-        texts = [read_bytes(f"{self.remote}/{name}", self.endpoint) for name in FILES]
-        if texts[0] is None:
-            return None
-        return Database.parse(texts[0].decode(), (texts[1] or b"").decode())
+        return f"{self.remote}/{STORE_OBJECT}"
+
+    def _remote_database(self) -> tuple[Database | None, str | None]:
+        """The store's copy (None where there is none yet) and its version, for the write."""
+        from kompile.artifact_store import read_versioned
+
+        data, version = read_versioned(self._object, self.endpoint)
+        return (None if data is None else Database.decode(data, self._object)), version
 
     def _push(self, local: Database) -> bool:
-        """Write the union of the store's copy (as it is now) and `local`, when it adds anything.
-        Workloads first (the union keeps the store's lines as its prefix): a reader between the two
-        writes sees new workloads without their records, never a record without its workload."""
-        from kompile.artifact_store import write_bytes
+        """Write the union of the store's copy and `local` when it adds anything, only over the copy
+        it merged: where another build wrote in between, merge with what that build left."""
+        from kompile.artifact_store import write_if_unchanged
 
-        assert self.remote is not None
-        theirs = self._remote_database() or Database([], [])
-        merged = theirs.merged(local)
-        if merged == theirs:
-            return False
-        workloads, records = merged.texts()
-        write_bytes(f"{self.remote}/{WORKLOADS}", workloads.encode(), self.endpoint)
-        write_bytes(f"{self.remote}/{RECORDS}", records.encode(), self.endpoint)
-        return True
+        for _ in range(PUSH_ATTEMPTS):
+            theirs, version = self._remote_database()
+            base = theirs or Database([], [])
+            merged = base.merged(local)
+            if merged == base:
+                return False
+            if write_if_unchanged(self._object, merged.encode(), version, self.endpoint):
+                return True
+        raise StoreError(f"{self._object} was written by other builds {PUSH_ATTEMPTS} times in a row")
 
 
 def shared_database(hw_class: str, tvm_version: str, target: str) -> SharedDatabase:

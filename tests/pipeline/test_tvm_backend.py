@@ -1,8 +1,8 @@
 """The TVM backend for real on small CNNs, in its own environment (scripts/setup-backend-env.sh tvm;
 `make test` builds it): the ONNX export imported by Relax there, MetaSchedule tuning with a tiny
 budget into the hardware class's shared tuning database, the `.so` validated against eager and timed
-by the Relax VM in that environment's process; a second model reusing the database; the database
-kept in step with a store (file:// and the real S3-compatible server)."""
+by the Relax VM in that environment's process; a second model reusing the database; the
+database kept in step with a store: test_tvm_database.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kompile.compile_jobs.benchmark import SelfTimed
 from kompile.compile_jobs.build import compile_request
 from kompile.compile_jobs.envs import write_arrays
 from kompile.compile_jobs.envs.tvm_target import cuda_arch
-from kompile.compile_jobs.tvm_database import ROOT_ENV, Database, SharedDatabase
+from kompile.compile_jobs.tvm_database import ROOT_ENV, Database
 from tests.pipeline.conftest import (
     IMAGE,
     bert_tiny_case,
@@ -653,71 +653,6 @@ def test_tvm_for_cuda_refuses_gpus_older_than_cuda_13_builds_for(
     with pytest.raises(BackendError, match=r"compute capability 7\.5 and newer, not 7\.0"):
         get_backend("tvm").compile(_cuda_request(feeds, tmp_path))
     assert cuda_arch("12.0") == "sm_120" and cuda_arch("7.5") == "sm_75"
-
-
-def _db(workloads: list[str], records: list[tuple[int, str]]) -> Database:
-    return Database(
-        [json.dumps([str(i), w]) for i, w in enumerate(workloads)],
-        [json.dumps([i, [r]]) for i, r in records],
-    )
-
-
-def test_merge_is_the_union_with_records_reindexed() -> None:
-    ours = _db(["conv", "pool"], [(0, "c1"), (1, "p1")])
-    theirs = _db(["dense", "conv"], [(0, "d1"), (1, "c1"), (1, "c2")])
-    merged = ours.merged(theirs)
-    pairs = {(json.loads(merged.workloads[i])[1], r[0]) for i, r in (json.loads(x) for x in merged.records)}
-    assert pairs == {("conv", "c1"), ("pool", "p1"), ("dense", "d1"), ("conv", "c2")}
-    assert merged.workloads[:2] == ours.workloads  # the base's lines stay a prefix
-    assert merged.merged(theirs) == merged and merged.merged(ours) == merged
-
-
-def _sync_round_trip(remote: str, tmp_path: Path) -> None:
-    """Two builds of one class on two machines: the first pushes, the second pulls it, both extend
-    it, and the store keeps the union whatever the order of their pushes."""
-    a = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-a", remote)
-    b = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-b", remote)
-    assert a.pull() == 0
-    state_a = a.checkout(tmp_path / "build-a")
-    _db(["conv"], [(0, "c1")]).write(state_a)
-    assert a.checkin(state_a) == 1
-    assert b.pull() == 1
-    state_b = b.checkout(tmp_path / "build-b")
-    assert len(Database.read(state_b).records) == 1
-    _db(["conv", "dense"], [(0, "c1"), (1, "d1")]).write(state_b)
-    # Meanwhile machine a tunes another kernel and pushes first.
-    state_a2 = a.checkout(tmp_path / "build-a2")
-    Database.read(state_a2).merged(_db(["pool"], [(0, "p1")])).write(state_a2)
-    a.checkin(state_a2)
-    b.checkin(state_b)
-    fresh = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-c", remote)
-    assert fresh.pull() == 3
-    kept = {json.loads(r)[1][0] for r in Database.read(fresh.folder).records}
-    assert kept == {"c1", "d1", "p1"}
-
-
-def test_database_sync_through_a_file_store(tmp_path: Path) -> None:
-    _sync_round_trip((tmp_path / "store" / "timing-caches").as_uri() + "/cpu-x/tvm-0.27/llvm", tmp_path)
-
-
-def test_database_sync_through_the_s3_server(s3_server: Any, s3_env: Any, tmp_path: Path) -> None:
-    s3_server.create_bucket("tvm-db")
-    _sync_round_trip("s3://tvm-db/timing-caches/cpu-x/tvm-0.27/llvm", tmp_path)
-
-
-def test_an_unreachable_store_only_costs_the_sharing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A database is a speed-up: a store that cannot be read or written is reported, never fatal."""
-    db = SharedDatabase(
-        "cpu-x/tvm-0.27/llvm", tmp_path / "local", "s3://no-such-bucket/t", "http://127.0.0.1:9"
-    )
-    assert db.pull() == 0
-    state = db.checkout(tmp_path / "build")
-    _db(["conv"], [(0, "c1")]).write(state)
-    assert db.checkin(state) == 1  # kept locally
-    err = capsys.readouterr().err
-    assert "tuning database not pulled" in err and "tuning database not pushed" in err
 
 
 def test_a_digits_cnn_trained_here_keeps_its_accuracy_with_its_3x3_as_winograd(
