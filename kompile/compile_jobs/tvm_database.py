@@ -108,12 +108,14 @@ class Database:
                 continue
             workload, payload = key
             if workload not in index:
+                if not _parses(workload):
+                    continue
                 index[workload] = len(workloads)
                 workloads.append(workload)
             records.append(json.dumps([index[workload], json.loads(payload)], separators=(",", ":")))
             seen.add(key)
         for w in other.workloads:  # workloads without records too (MetaSchedule commits them first)
-            if w not in index:
+            if w not in index and _parses(w):  # not a line cut mid-write: MetaSchedule would refuse it
                 index[w] = len(workloads)
                 workloads.append(w)
         return Database(workloads, records)
@@ -121,6 +123,14 @@ class Database:
 
 def _lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()]
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 def _record_key(workloads: list[str], line: str) -> tuple[str, str] | None:

@@ -329,6 +329,25 @@ class Blocks(torch.nn.Module):
         return self.head(y.mean(dim=(2, 3)))
 
 
+def test_what_tuning_measured_is_kept_when_the_build_after_it_fails(
+    feeds: list[Feeds], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty minutes of measured schedules outlive a build that fails after them: the environment's
+    step is stood in (named so) by one that records a schedule in the build's copy of the database,
+    as MetaSchedule commits each measurement, and then fails as a build would."""
+
+    def tuned_then_build_failed(*args: Any, state: Path | None = None, **kwargs: Any) -> Any:
+        assert state is not None
+        Database([json.dumps(["0", "conv"])], [json.dumps([0, ["c1"]])]).write(state)
+        raise BackendError("TVM could not build the model (stand-in)")
+
+    monkeypatch.setattr(tvm_backend, "compile_in_environment", tuned_then_build_failed)
+    with pytest.raises(BackendError, match="stand-in"):
+        _build(_cnn(10), feeds, tmp_path / "out", tmp_path / "db", tuningTrials="8")
+    (records,) = (tmp_path / "db").rglob("database_tuning_record.json")
+    assert [json.loads(r) for r in Database.read(records.parent).records] == [[0, ["c1"]]]
+
+
 def test_plain_convolutions_run_blocked_and_tuned_where_the_isa_allows(
     feeds: list[Feeds], tmp_path: Path
 ) -> None:

@@ -149,3 +149,18 @@ def test_a_push_that_other_builds_keep_beating_gives_up_saying_so_and_keeps_its_
     assert a.checkin(state) == 1  # kept in the local folder
     assert "was written by other builds 8 times in a row" in capsys.readouterr().err
     assert _pairs(Database.read(a.folder)) == {("pool", "p1")}
+
+
+def test_lines_cut_mid_write_are_left_out_of_the_shared_database(tmp_path: Path) -> None:
+    """A tuning stopped mid-write (its step killed) leaves a cut last line in either file; the merge
+    shares the complete ones, since MetaSchedule refuses to load a database with a line it cannot parse."""
+    a = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-a")
+    state = a.checkout(tmp_path / "build-a")
+    whole = _db(["conv", "pool"], [(0, "c1"), (1, "p1")])
+    workloads, records = whole.texts()
+    (state / "database_workload.json").write_text(workloads + '["2", "den')
+    (state / "database_tuning_record.json").write_text(records + '[2, ["d1"]]\n[2, ["d2"')
+    assert a.checkin(state) == 2
+    shared = Database.read(a.folder)
+    assert _pairs(shared) == {("conv", "c1"), ("pool", "p1")}
+    assert all(json.loads(line) for line in shared.workloads + shared.records)

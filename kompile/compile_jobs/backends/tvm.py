@@ -179,18 +179,22 @@ class TvmBackend(Backend):
             state = database.checkout(scratch / "database") if database else None
             program = folded_program(request.onnx(), [tuple(a.shape) for a in args], scratch, threads)
             record["graphFolding"] = "onnxruntime-basic"
-            reply = compile_in_environment(
-                ENVIRONMENT,
-                scratch,
-                args,
-                out,
-                request.target.precision,
-                program=program,
-                options=wire,
-                state=state,
-            )
-            if database and state:
-                added = database.checkin(state)
+            try:
+                reply = compile_in_environment(
+                    ENVIRONMENT,
+                    scratch,
+                    args,
+                    out,
+                    request.target.precision,
+                    program=program,
+                    options=wire,
+                    state=state,
+                )
+            finally:
+                # MetaSchedule commits each measurement as it is taken: what the tuning measured is
+                # shared even when the build after it fails (or the step is stopped mid-tuning).
+                added = database.checkin(state) if database and state else None
+            if database and added is not None:
                 record.update(
                     tuningDatabase=database.rel,
                     tuningRecordsShared=str(added),
