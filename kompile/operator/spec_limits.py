@@ -1,12 +1,16 @@
 """What the CRD schema cannot bound, refused before any Job with a reason rather than failing every
-reconcile: a spec too large for the compile Job to carry, more targets than status holds, and a
-compile Job the API server itself refuses (a request above its limit). Pure."""
+reconcile: a spec too large for the compile Job to carry, more targets than status holds, tuning
+budgets a compile Job's deadline cannot hold, and a compile Job the API server itself refuses (a
+request above its limit). Pure."""
 
 from __future__ import annotations
 
 import json
 
+from kompile.api.candidates import candidate_targets
+from kompile.api.catalog import entry
 from kompile.api.resource import CompiledModel
+from kompile.api.spec import Target
 from kompile.api.status import TARGETS_MAX
 
 # The compile Job carries the whole CompiledModel in one environment variable (Linux refuses one
@@ -40,6 +44,33 @@ def too_many_targets(cm: CompiledModel, count: int) -> str | None:
         f"{count} targets ({len(cm.spec.targets or [])} listed, {precisions} per discovered hardware "
         f"class), more than the {TARGETS_MAX} status can report: list fewer spec.fleet.precisions, "
         "narrow spec.targets, or split the fleet over several CompiledModels"
+    )
+
+
+SEARCH_SHARE = 0.75
+"""Of a compile Job's deadline, what its candidates' tuning may take: the rest exports, builds,
+validates and times them."""
+
+
+def search_over_deadline(target: Target, device: str, arch: str | None, deadline_seconds: int) -> str | None:
+    """Why the target's candidates' tuning budgets (tvm's tuningMinutes) cannot fit in its compile
+    Job's deadline, or None: the deadline would stop the Job mid-tuning, and what it tuned with it."""
+    asks: list[tuple[str, float]] = []
+    for t in candidate_targets(target, device, arch):
+        backend = entry(t.backend)
+        minutes = backend.parse_options(t.options).search_minutes()
+        if minutes and t.precision in backend.precisions:
+            asks.append((t.name, minutes))
+    total, room = sum(m for _, m in asks), deadline_seconds * SEARCH_SHARE / 60
+    if total <= room:
+        return None
+    listed = ", ".join(f"{name} {minutes:g}" for name, minutes in asks)
+    return (
+        f"its candidates' tuning budgets add up to {total:g} minutes ({listed}), more than the "
+        f"{room:g} a compile Job may spend tuning ({SEARCH_SHARE:.0%} of its {deadline_seconds} s "
+        "deadline, the operator's KOMPILE_JOB_DEADLINE_SECONDS, chart value jobs.deadlineSeconds): "
+        "the deadline would stop it mid-tuning. Lower their tuningMinutes, split the candidates over "
+        "several targets, or raise the operator's deadline"
     )
 
 

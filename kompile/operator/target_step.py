@@ -205,6 +205,11 @@ def _launch_job(
     if cm.spec.suspend:
         base.reason, base.message = "Suspended", "spec.suspend is true: no new compile Job"
         return base
+    device = "cuda" if rt.gpu else "cpu"
+    over = spec_limits.search_over_deadline(rt.target, device, rt.arch, settings.job_deadline_seconds)
+    if over:
+        event("Warning", "TuningOverDeadline", f"target {rt.name}: {over}")
+        return _status(rt, key, phase="Failed", reason="TuningOverDeadline", message=over)
     manifest = build_job(cm, rt, key, prefix, settings)
     try:
         created = kube.create_job(cm.metadata.namespace or "default", manifest)

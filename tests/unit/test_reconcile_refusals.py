@@ -260,3 +260,39 @@ def test_a_job_the_api_server_refuses_fails_its_target_with_the_reason() -> None
     assert outcome.done and target["phase"] == "Failed" and target["reason"] == "JobRefused"
     assert "must be less than or equal to cpu limit" in target["message"]
     assert "spec.targets[0].hardware" in target["message"]
+
+
+def test_tuning_budgets_the_job_deadline_cannot_hold_fail_their_target_before_any_job() -> None:
+    """Two tvm candidates tuning 30 and 45 minutes in a Job the operator gives an hour: the deadline
+    would kill it mid-tuning, losing the hour. The target fails at once, saying what to change; the
+    target without tuning in the same spec gets its Job."""
+
+    class JobsKube(FleetKube):
+        created: list[str] = []
+
+        def create_job(self, namespace: str, body: dict[str, Any]) -> bool:
+            self.created.append(body["metadata"]["labels"]["kompile.dev/target"])
+            return True
+
+    doc = _doc({})
+    doc["spec"]["targets"] = [
+        {
+            "name": "cpu-tvm",
+            "candidates": [
+                {"name": "tvm-a", "backend": "tvm"},
+                {"name": "tvm-b", "backend": "tvm", "options": {"tuningMinutes": "45"}},
+                {"name": "tvm-untuned", "backend": "tvm", "options": {"tuningTrials": "0"}},
+            ],
+        },
+        {"name": "cpu", "backend": "onnxruntime"},
+    ]
+    kube = JobsKube(classes=0)
+    events: list[tuple[str, str, str]] = []
+    reconcile(doc, kube, Settings(job_deadline_seconds=3600), lambda *e: events.append(e), classes=[])  # type: ignore[arg-type]
+    targets = {t["name"]: t for t in kube.patches[-1]["targets"]}
+    assert kube.created == ["cpu"]
+    tvm = targets["cpu-tvm"]
+    assert tvm["phase"] == "Failed" and tvm["reason"] == "TuningOverDeadline", tvm
+    for phrase in ("75 minutes", "tvm-a 30, tvm-b 45", "KOMPILE_JOB_DEADLINE_SECONDS", "tuningMinutes"):
+        assert phrase in tvm["message"], tvm["message"]
+    assert any(e[1] == "TuningOverDeadline" for e in events)

@@ -82,6 +82,11 @@ class BackendOptions(BaseModel):
             out[name] = str(value).lower() if isinstance(value, bool) else str(value)
         return out
 
+    def search_minutes(self) -> float:
+        """Minutes these options let the compile spend searching (tuning) beyond building it, which
+        a compile Job's deadline must hold; 0 for a backend that does not search."""
+        return 0.0
+
     @classmethod
     def wire_names(cls) -> list[str]:
         return [f.alias or n for n, f in cls.model_fields.items()]

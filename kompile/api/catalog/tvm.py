@@ -24,7 +24,9 @@ class TvmOptions(BackendOptions):
     tuning_minutes: Count = Field(
         default=30,
         description="Time budget of the tuning in minutes, checked before each task's batch of "
-        "candidates (seconds to a minute on 2 cores).",
+        "candidates (seconds to a minute on 2 cores). In a cluster a target's tvm candidates' budgets "
+        "together must fit in 75% of the compile Job's deadline (jobs.deadlineSeconds, an hour by "
+        "default), else the target fails with TuningOverDeadline before any Job.",
     )
     tuning_scope: Literal["missing", "all"] = Field(
         default="missing",
@@ -105,6 +107,9 @@ class TvmOptions(BackendOptions):
         description="Threads of the TVM runtime at validation and timing, and the target's num-cores "
         "that tuning measures with; 0: the run's, else all cores.",
     )
+
+    def search_minutes(self) -> float:
+        return float(self.tuning_minutes) if self.tuning_trials > 0 else 0.0
 
 
 ENTRY = BackendEntry(
