@@ -38,6 +38,9 @@ class ExitCode(IntEnum):
     """The input is wrong (manifest, source, export): a retry cannot help, the Job fails at once."""
     STORE = 3
     """The artifact store was unreachable: a crash that a retry may fix, like any other code."""
+    STOPPED = 143
+    """SIGTERM (the Job's deadline passed, or its pod was deleted or evicted): nothing published, what
+    a build had measured (a tvm tuning) shared; like a crash to the retry policy."""
 
 
 class JobEnv:

@@ -17,8 +17,29 @@ from typing import Any
 
 from kompile.compile_jobs.env_protocol import StepFailed, decode, encode
 
+PARENT_ENV = "KOMPILE_ENV_PARENT"
+"""The pid of the process that started this one (kompile.compile_jobs.environments.EnvProcess)."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel SIGKILL this process when the process that started it dies however
+    it died (SIGKILL, the OOM killer): an idle runner ends when its stdin closes, but one in a step (a
+    tvm tuning) would work on alone for up to its whole budget. The parent's thread that started it
+    must outlive it (the kernel watches the thread); kompile starts environments from its main one."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before the kernel was told to watch
+        os._exit(1)
+
 
 def serve(name: str) -> int:
+    _die_with_parent()
     # The protocol owns the real stdout; whatever libraries print (C code too) goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)

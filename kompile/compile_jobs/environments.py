@@ -25,6 +25,7 @@ from typing import IO, Any
 import kompile
 from kompile.compile_jobs.backends.base import BackendError
 from kompile.compile_jobs.env_protocol import RUNNER_MODULE, decode, encode, env_var
+from kompile.compile_jobs.env_runner import PARENT_ENV
 
 PACKAGE_DIR = Path(kompile.__file__).resolve().parent
 COMPLETE = ".complete"
@@ -136,6 +137,7 @@ class EnvProcess:
         self.log_path = self.scratch / "stderr.log"
         child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         child_env.update(PYTHONPATH=str(_kompile_only_path(self.scratch)), PYTHONNOUSERSITE="1")
+        child_env[PARENT_ENV] = str(os.getpid())  # the runner dies with this process
         self._log: IO[bytes] = self.log_path.open("wb")
         try:
             self.proc = subprocess.Popen(
@@ -187,7 +189,11 @@ class EnvProcess:
     def __enter__(self) -> EnvProcess:
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None and not issubclass(kind, Exception):
+            # Interrupted (SIGTERM in a Job, Ctrl-C): the step's reply will not be read, and waiting
+            # for it would spend the seconds left before the kubelet's SIGKILL.
+            self.proc.kill()
         self.close()
 
 

@@ -8,6 +8,7 @@ What the operator sets, the exit codes and result.json are typed in kompile.api.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +30,18 @@ from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
 from kompile.compile_jobs.sources import SourceError
 from kompile.compile_jobs.trt.cache import StoreSync, sync_for_this_machine
+
+
+class Stopped(BaseException):
+    """SIGTERM reached the Job's process: its deadline passed, or its pod is being deleted or evicted.
+    kompile-job is PID 1 in its container, which ignores SIGTERM unless it handles it, so the kubelet's
+    SIGKILL used to end it after the grace period with nothing kept. A BaseException, so that no
+    handler of compile errors takes it: the `finally` blocks run (the tvm backend merges and pushes
+    what its tuning measured) and the process exits within the grace period."""
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
 def _terminate(text: str) -> None:
@@ -76,6 +89,7 @@ def _push_timing_cache(sync: StoreSync | None) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _stop)
     try:
         job = JobSpec.from_env(os.environ)
     except JobContractError as err:
@@ -105,6 +119,14 @@ def main() -> None:
         _terminate(compact_result(ts, None, None))
         print(f"kompile-job: {err}", file=sys.stderr)
         raise SystemExit(ExitCode.BAD_INPUT) from None
+    except Stopped as stop:
+        print(
+            f"kompile-job: stopped by {stop} (the Job's deadline passed, or its pod is being deleted): "
+            "nothing published; what a build had measured (a tvm tuning) was shared",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(ExitCode.STOPPED) from None
     _push_timing_cache(timing)
     status = result.status.targets[0]
     version = result.built[0].params.get("backend_version") if result.built else None

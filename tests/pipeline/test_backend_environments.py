@@ -59,6 +59,58 @@ def test_a_crash_is_environment_failed_with_the_stderr_tail(project_python_env: 
     assert not env.scratch.exists()  # the process's scratch (feeds, stderr log) goes with it
 
 
+def test_an_environment_process_dies_with_the_process_that_started_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kompile killed outright (SIGKILL, the OOM killer) must not leave its environment's process
+    working on alone: a tvm one would go on tuning for up to half an hour. An idle one ends when its
+    stdin closes; a busy one is stood in here by the project's python whose import of the steps
+    module blocks (a sitecustomize named so), as a long step would."""
+    import signal
+    import subprocess
+    import time
+
+    stub = tmp_path / "busy-stand-in"
+    stub.mkdir()
+    (stub / "sitecustomize.py").write_text(
+        "import importlib, time\n"
+        "real = importlib.import_module\n"
+        "def busy(name, *args):\n"
+        "    if name.endswith('envs.litert'):\n"
+        "        time.sleep(600)\n"
+        "    return real(name, *args)\n"
+        "importlib.import_module = busy\n"
+    )
+    env = _env(tmp_path / "busy-env", f'PYTHONPATH={stub}:$PYTHONPATH exec {sys.executable} "$@"')
+    monkeypatch.setenv("KOMPILE_ENV_LITERT", str(env))
+    script = (
+        "import time\n"
+        "from kompile.compile_jobs.environments import EnvProcess\n"
+        "env = EnvProcess('litert')\n"
+        "print(env.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(3)  # the child is in its step
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+
+    def alive(pid: int) -> bool:  # an unreaped zombie has exited
+        try:
+            return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the environment's process outlived the process that started it")
+
+
 def test_an_environment_that_cannot_start_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _env(tmp_path / "broken", "echo 'libpython3.11.so: cannot open shared object file' >&2; exit 127")
     monkeypatch.setenv("KOMPILE_ENV_LITERT", str(path))
