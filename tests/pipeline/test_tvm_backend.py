@@ -594,6 +594,31 @@ def test_a_graph_the_blocked_layout_refuses_is_built_as_exported(feeds: list[Fee
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_an_op_tvm_cannot_import_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from kompile.api.spec import InputSpec
+
+    graph = helper.make_graph(
+        [helper.make_node("Det", ["input"], ["output"])],
+        "main_graph",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1])],
+    )
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    spec = InputSpec.model_validate({"name": "input", "shape": [1, 1, 8, 8]})
+    target = Target(name="cpu-tvm", backend="tvm", options={"tuningTrials": "0"})
+    feed = {"input": np.eye(8, dtype=np.float32)[None, None]}
+    request = compile_request(target, onnx_path=path, out_dir=tmp_path, signature=[spec], feeds=[feed])
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "db"))
+    with pytest.raises(
+        BackendError, match="TVM has no conversion for the ONNX op Det; replace that construct in the model"
+    ):
+        get_backend("tvm").compile(request)
+
+
 def test_a_corrupt_library_is_refused_saying_to_rebuild_it(tmp_path: Path) -> None:
     # TVM 0.27 raises ValueError here; the step named tvm.error.TVMError (gone since the FFI
     # rewrite), so this was an AttributeError crash of the environment's process.

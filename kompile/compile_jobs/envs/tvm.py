@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -83,7 +84,18 @@ def import_onnx(path: str, shapes: list[tuple[int, ...]]) -> Any:
     try:
         mod = from_onnx(model, shape_dict=dict(zip(inputs, [list(s) for s in shapes], strict=True)))
     except (NotImplementedError, KeyError, ValueError, TypeError, AttributeError) as err:
-        raise StepFailed(f"TVM's Relax ONNX frontend could not import the model: {_first_line(err)}") from err
+        text = _first_line(err)
+        # "The following operators are not supported for frontend ONNX: Det, ...": name the ops as
+        # the other backends do, with what to change.
+        missing = re.search(r"not supported for frontend ONNX: (.+)", text)
+        if missing:
+            ops = missing.group(1).strip()
+            what = f"ops {ops}" if "," in ops else f"op {ops}"
+            raise StepFailed(
+                f"TVM has no conversion for the ONNX {what}; replace that construct in the model or "
+                "build it with another backend"
+            ) from err
+        raise StepFailed(f"TVM's Relax ONNX frontend could not import the model: {text}") from err
     mod = relax.transform.DecomposeOpsForInference()(mod)
     return relax.transform.CanonicalizeBindings()(mod)
 
