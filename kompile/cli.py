@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -100,8 +101,14 @@ def run(
         targets=target or None,
         json_out=json_out,
     )
+    # SIGTERM (`kill`, a CI timeout) ends the run as Ctrl-C does: the `finally` blocks run, so what a
+    # tvm tuning measured is merged into the machine's shared database, and the exit code is 130.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.perf_counter()
-    code, message = execute(cm, settings, err_console)
+    try:
+        code, message = execute(cm, settings, err_console)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if message:
         raise _fail(message, code)
     if written is not None:

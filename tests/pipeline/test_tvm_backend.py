@@ -348,6 +348,36 @@ def test_what_tuning_measured_is_kept_when_the_build_after_it_fails(
     assert [json.loads(r) for r in Database.read(records.parent).records] == [[0, ["c1"]]]
 
 
+_TUNING_LONG = {"tuningTrials": "4000", "tuningMinutes": "10", "tuningTemplates": "none", "winograd": "off"}
+
+
+def _stop_mid_tuning(
+    command: list[str], env: dict[str, str], scratch: Path, log: Path
+) -> tuple[int, float, int]:
+    """Run `command` until the tuning below `scratch` has measured two schedules, send it SIGTERM:
+    (exit code, seconds it took to stop, schedules measured by then)."""
+    import signal
+    import subprocess
+    import time
+
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            measured = 0
+            while measured < 2 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(1)
+                files = scratch.rglob("database_tuning_record.json")
+                measured = sum(len(Database.read(f.parent).records) for f in files)
+            assert measured >= 2, log.read_text()[-3000:]
+            proc.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            code = proc.wait(timeout=60)
+            return code, time.monotonic() - stopped, measured
+        finally:
+            proc.kill()
+
+
 def test_a_compile_job_stopped_mid_tuning_shares_what_it_measured(tmp_path: Path) -> None:
     """SIGTERM reaches a compile Job when its deadline passes or its pod is deleted (kompile-job is
     PID 1 there, which ignores the signal unless it handles it, so the kubelet's SIGKILL follows after
@@ -355,24 +385,16 @@ def test_a_compile_job_stopped_mid_tuning_shares_what_it_measured(tmp_path: Path
     measured is merged into the class's database, locally and in the store."""
     import os
     import shutil
-    import signal
-    import subprocess
     import sys
-    import time
 
     from kompile.api.job_contract import ExitCode, JobSpec
     from tests.pipeline.conftest import EXAMPLES, small_cnn_doc
 
     shutil.copytree(EXAMPLES / "models", tmp_path / "models")
-    target = Target(
-        name="cpu-tvm",
-        backend="tvm",
-        options={"tuningTrials": "4000", "tuningMinutes": "10", "tuningTemplates": "none", "winograd": "off"},
-    )
     store = (tmp_path / "store").as_uri()
     spec = JobSpec(
         compiled_model={**small_cnn_doc(), "metadata": {"name": "small", "uid": "u", "generation": 1}},
-        target=target,
+        target=Target(name="cpu-tvm", backend="tvm", options=_TUNING_LONG),
         hardware_class="cpu-amd64-test",
         device="cpu",
         artifact_prefix=f"{store}/cache/k",
@@ -386,28 +408,8 @@ def test_a_compile_job_stopped_mid_tuning_shares_what_it_measured(tmp_path: Path
         KOMPILE_TERMINATION_LOG=str(tmp_path / "termination-log"),
         KOMPILE_TUNING_DB_DIR=str(tmp_path / "tuning-databases"),
     )
-    log = (tmp_path / "job.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from kompile.compile_jobs.job import main; main()"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        measured = 0
-        while measured < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(1)
-            files = (tmp_path / "scratch").rglob("database_tuning_record.json")
-            measured = sum(len(Database.read(f.parent).records) for f in files)
-        assert measured >= 2, (tmp_path / "job.log").read_text()[-3000:]
-        proc.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
-        code = proc.wait(timeout=60)
-        took = time.monotonic() - stopped
-    finally:
-        proc.kill()
-        log.close()
+    command = [sys.executable, "-c", "from kompile.compile_jobs.job import main; main()"]
+    code, took, measured = _stop_mid_tuning(command, env, tmp_path / "scratch", tmp_path / "job.log")
     text = (tmp_path / "job.log").read_text()
     # Measured here: 2.3 s (13.1 before the environment's process was killed rather than awaited).
     assert code == ExitCode.STOPPED and took < 15, (code, took, text[-3000:])
@@ -416,6 +418,30 @@ def test_a_compile_job_stopped_mid_tuning_shares_what_it_measured(tmp_path: Path
     assert len(Database.read(local.parent).records) >= measured
     (shared,) = (tmp_path / "store" / "timing-caches").rglob("tuning-database.json")
     assert len(json.loads(shared.read_text())["records"]) >= measured
+
+
+def test_kompile_run_ended_by_sigterm_keeps_what_the_tuning_measured(tmp_path: Path) -> None:
+    """`kill` or a CI timeout ends `kompile run` as Ctrl-C does (exit 130, no traceback), and the
+    tuning's schedules are in the machine's shared database for the next run."""
+    import os
+    import shutil
+    import sys
+
+    import yaml
+
+    from tests.pipeline.conftest import EXAMPLES, small_cnn_doc
+
+    shutil.copytree(EXAMPLES / "models", tmp_path / "models")
+    doc = small_cnn_doc(targets=[{"name": "cpu-tvm", "backend": "tvm", "options": _TUNING_LONG}])
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(doc))
+    env = dict(os.environ, KOMPILE_TUNING_DB_DIR=str(tmp_path / "tuning-databases"))
+    command = [sys.executable, "-m", "kompile.cli", "run", str(tmp_path / "m.yaml"), "--no-register"]
+    command += ["--work-dir", str(tmp_path / "work")]
+    code, took, measured = _stop_mid_tuning(command, env, tmp_path / "work", tmp_path / "run.log")
+    text = (tmp_path / "run.log").read_text()
+    assert code == 130 and took < 15 and "Traceback" not in text, (code, took, text[-3000:])
+    (local,) = (tmp_path / "tuning-databases").rglob("database_tuning_record.json")
+    assert len(Database.read(local.parent).records) >= measured
 
 
 def test_plain_convolutions_run_blocked_and_tuned_where_the_isa_allows(
