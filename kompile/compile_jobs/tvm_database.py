@@ -211,12 +211,22 @@ class SharedDatabase:
         assert self.remote is not None
         return f"{self.remote}/{STORE_OBJECT}"
 
-    def _remote_database(self) -> tuple[Database | None, str | None]:
-        """The store's copy (None where there is none yet) and its version, for the write."""
+    def _remote_database(self, replace_corrupt: bool = False) -> tuple[Database | None, str | None]:
+        """The store's copy (None where there is none yet) and its version, for the write. A copy
+        that does not parse raises StoreError, or with `replace_corrupt` counts as empty: merged
+        into nothing, it would refuse every later push of the class."""
         from kompile.artifact_store import read_versioned
 
         data, version = read_versioned(self._object, self.endpoint)
-        return (None if data is None else Database.decode(data, self._object)), version
+        if data is None:
+            return None, version
+        try:
+            return Database.decode(data, self._object), version
+        except StoreError as err:
+            if not replace_corrupt:
+                raise
+            print(f"kompile: {err}: replaced by this build's", file=sys.stderr)
+            return Database([], []), version
 
     def _push(self, local: Database) -> bool:
         """Write the union of the store's copy and `local` when it adds anything, only over the copy
@@ -224,7 +234,7 @@ class SharedDatabase:
         from kompile.artifact_store import write_if_unchanged
 
         for _ in range(PUSH_ATTEMPTS):
-            theirs, version = self._remote_database()
+            theirs, version = self._remote_database(replace_corrupt=True)
             base = theirs or Database([], [])
             merged = base.merged(local)
             if merged == base:

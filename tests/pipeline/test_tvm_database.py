@@ -164,3 +164,22 @@ def test_lines_cut_mid_write_are_left_out_of_the_shared_database(tmp_path: Path)
     shared = Database.read(a.folder)
     assert _pairs(shared) == {("conv", "c1"), ("pool", "p1")}
     assert all(json.loads(line) for line in shared.workloads + shared.records)
+
+
+def test_a_corrupt_store_copy_is_replaced_by_the_next_push_not_kept_forever(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store copy that does not parse (cut by a full disk, written by hand) cannot be merged; left
+    as it is, it would refuse every later push of the class. The next push replaces it, saying so."""
+    remote = (tmp_path / "store").as_uri() + "/cpu-x/tvm-0.27/llvm"
+    (tmp_path / "store" / "cpu-x" / "tvm-0.27" / "llvm").mkdir(parents=True)
+    (tmp_path / "store" / "cpu-x" / "tvm-0.27" / "llvm" / "tuning-database.json").write_text('{"workl')
+    a = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-a", remote)
+    assert a.pull() == 0
+    state = a.checkout(tmp_path / "build-a")
+    _db(["conv"], [(0, "c1")]).write(state)
+    assert a.checkin(state) == 1
+    err = capsys.readouterr().err
+    assert "not a tuning database" in err and "replaced" in err, err
+    fresh = SharedDatabase("cpu-x/tvm-0.27/llvm", tmp_path / "machine-b", remote)
+    assert fresh.pull() == 1
