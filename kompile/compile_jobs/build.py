@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -351,6 +351,7 @@ def compile_step(
             threads=ctx.threads,
             device=device,
             validation=cm.spec.validation,
+            progress=lambda text: ctx.reporter.stage(label, text),
         )
         artifact = backend.compile(request)
         runner = backend.load(artifact, ctx.threads, device) if backend.entry.validates else None
@@ -379,6 +380,7 @@ def compile_request(
     threads: int | None = None,
     device: str = "cpu",
     validation: Validation | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> CompileRequest:
     """A backend's request for `target`: its options parsed by its catalog entry (OptionsError when
     bad), its thresholds and task from `validation` and the target, and the reference outputs: the
@@ -399,6 +401,7 @@ def compile_request(
         threads=threads,
         module=module,
         device=device,
+        progress=progress,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,7 @@ def compile_in_environment(
     program: Path | None = None,
     options: dict[str, str] | None = None,
     state: Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, str]:
     """The environment's compile step on `program` (default: what `save_program` wrote in
     `scratch`; a backend that consumes ONNX names the export), with the export example `args`
@@ -130,7 +132,7 @@ def compile_in_environment(
     if state is not None:
         request["state"] = str(state)
     with EnvProcess(environment, scratch) as env:
-        reply = env.call(request)
+        reply = env.call(request, progress)
     record: dict[str, str] = reply["record"]
     return record
 

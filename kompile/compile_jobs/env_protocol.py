@@ -11,6 +11,7 @@ Standard library only: this module runs under the environment's packages too.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal, NotRequired, TypedDict
 
 RUNNER_MODULE = "kompile.compile_jobs.env_runner"
@@ -61,6 +62,9 @@ class RunRequest(TypedDict):
 
 
 class Reply(TypedDict, total=False):
+    progress: str
+    """A line with only this is not the reply but what a long step is doing (a tuning's round and
+    trials); any number of them may come before the reply."""
     ok: bool
     error: str
     """Set when ok is false: a failure the user can act on (what to change)."""
@@ -92,3 +96,18 @@ def decode(line: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object, got {line[:80]!r}")
     return value
+
+
+_progress_sink: Callable[[str], None] | None = None
+
+
+def set_progress_sink(sink: Callable[[str], None] | None) -> None:
+    """Where `progress` goes: the runner's protocol stream (kompile.compile_jobs.env_runner)."""
+    global _progress_sink
+    _progress_sink = sink
+
+
+def progress(text: str) -> None:
+    """Tell the pipeline what a long step is doing now; nothing outside a runner."""
+    if _progress_sink is not None:
+        _progress_sink(text)

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from kompile.compile_jobs.env_protocol import StepFailed, decode, encode
+from kompile.compile_jobs.env_protocol import StepFailed, decode, encode, set_progress_sink
 
 PARENT_ENV = "KOMPILE_ENV_PARENT"
 """The pid of the process that started this one (kompile.compile_jobs.environments.EnvProcess)."""
@@ -44,6 +44,11 @@ def serve(name: str) -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+
+    def tell(text: str) -> None:
+        proto.write(encode({"progress": text}))
+
+    set_progress_sink(tell)
     steps: Any = importlib.import_module(f"kompile.compile_jobs.envs.{name}").Steps()
     for line in sys.stdin:
         if not line.strip():

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
@@ -154,15 +154,24 @@ class EnvProcess:
             raise EnvironmentFailed(f"cannot start the {name} environment's python {python}: {err}") from err
         self._finalizer = weakref.finalize(self, _stop, self.proc, self._log, self.scratch)
 
-    def call(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one request; its reply. BackendError with the step's message when it failed,
-        EnvironmentFailed (with the stderr tail) when the process died."""
+    def call(
+        self, request: Mapping[str, Any], on_progress: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
+        """Send one request; its reply (what the step says it is doing meanwhile goes to
+        `on_progress`). BackendError with the step's message when it failed, EnvironmentFailed
+        (with the stderr tail) when the process died."""
         stdin, stdout = self.proc.stdin, self.proc.stdout
         assert stdin is not None and stdout is not None
         try:
             stdin.write(encode(dict(request)))
             stdin.flush()
-            line = stdout.readline()
+            while True:
+                line = stdout.readline()
+                reply = decode(line) if line else {}
+                if set(reply) != {"progress"}:
+                    break
+                if on_progress is not None:
+                    on_progress(str(reply["progress"]))
         except (BrokenPipeError, OSError):
             line = ""
         if not line:
@@ -171,7 +180,6 @@ class EnvProcess:
                 f"the {self.name} environment's process exited with code {code} during "
                 f"{request.get('op')}: {self.stderr_tail()}"
             )
-        reply = decode(line)
         if not reply.get("ok"):
             raise BackendError(str(reply.get("error")))
         return reply

@@ -414,6 +414,7 @@ def test_a_compile_job_stopped_mid_tuning_shares_what_it_measured(tmp_path: Path
     # Measured here: 2.3 s (13.1 before the environment's process was killed rather than awaited).
     assert code == ExitCode.STOPPED and took < 15, (code, took, text[-3000:])
     assert "stopped by SIGTERM" in text and "Traceback" not in text, text[-3000:]
+    assert "[cpu-tvm] tuning " in text and " of 4000 trials, 0 of 10 minutes" in text, text[-3000:]
     (local,) = (tmp_path / "tuning-databases").rglob("database_tuning_record.json")
     assert len(Database.read(local.parent).records) >= measured
     (shared,) = (tmp_path / "store" / "timing-caches").rglob("tuning-database.json")
@@ -440,6 +441,8 @@ def test_kompile_run_ended_by_sigterm_keeps_what_the_tuning_measured(tmp_path: P
     code, took, measured = _stop_mid_tuning(command, env, tmp_path / "work", tmp_path / "run.log")
     text = (tmp_path / "run.log").read_text()
     assert code == 130 and took < 15 and "Traceback" not in text, (code, took, text[-3000:])
+    # A long tuning says where it is (at most every 20 s), not only "compiling" for half an hour.
+    assert "[cpu-tvm] tuning " in text and " of 4000 trials, 0 of 10 minutes" in text, text[-3000:]
     (local,) = (tmp_path / "tuning-databases").rglob("database_tuning_record.json")
     assert len(Database.read(local.parent).records) >= measured
 

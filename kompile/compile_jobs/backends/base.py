@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -77,6 +77,9 @@ class CompileRequest:
     device: str = "cpu"
     """cpu or cuda: the device of the hardware class the artifact is built for (one of the
     backend's devices)."""
+    progress: Callable[[str], None] | None = None
+    """Where a long compile says what it is doing (a tuning's rounds): the run's progress display
+    or the Job's log. None: nowhere."""
 
     @property
     def calibration(self) -> list[Feeds]:

@@ -189,6 +189,7 @@ class TvmBackend(Backend):
                     program=program,
                     options=wire,
                     state=state,
+                    progress=request.progress,
                 )
             finally:
                 # MetaSchedule commits each measurement as it is taken: what the tuning measured is

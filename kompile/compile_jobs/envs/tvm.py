@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kompile.compile_jobs.env_protocol import StepFailed
+from kompile.compile_jobs.env_protocol import StepFailed, progress
 from kompile.compile_jobs.envs import (
     FeedCache,
     read_arrays,
@@ -209,6 +209,7 @@ class Steps:
                 variants, target, Path(state), budget, out.parent
             )
             if transformed is not None:
+                progress("timing the model with its 3x3 convolutions as Winograd and as direct")
                 mod, count, measured = _pick_winograd(
                     imported,
                     mod,
@@ -231,6 +232,7 @@ class Steps:
             record["pipeline"] = "metaschedule-database+default" if applied else "default"
         else:
             record["pipeline"] = "default"
+        progress("building the library")
         try:
             executable = tvm.compile(mod, target=target)
             executable.export_library(str(out))
@@ -388,6 +390,7 @@ def _tuned_database(
     if not tvm_tuning.verifies(str(target.kind.name), budget):
         return database, stats, None, complete
     # The database's best few per kernel re-measured here (kompile.compile_jobs.envs.tvm_verify).
+    progress(f"re-measuring the best {budget.verify} schedules of each of {len(tasks)} kernels")
     try:
         with target:
             ranking, verified = tvm_verify.verified_ranking(

@@ -33,6 +33,31 @@ from typing import Any
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+PROGRESS_SECONDS = 20.0
+"""At most one progress line per this many seconds: a 30-minute tuning says where it is about 90
+times, in a Job's log as on the terminal."""
+
+
+@dataclass
+class Progress:
+    """The tuning's progress lines (kompile.compile_jobs.env_protocol.progress), throttled."""
+
+    total_trials: int
+    minutes: float
+    start: float = field(default_factory=time.monotonic)
+    last: float = float("-inf")
+
+    def __call__(self, tasks: int, trials: int, rounds: int, force: bool = False) -> None:
+        from kompile.compile_jobs.env_protocol import progress
+
+        now = time.monotonic()
+        if not force and now - self.last < PROGRESS_SECONDS:
+            return
+        self.last = now
+        progress(
+            f"tuning {tasks} kernels: round {max(rounds, 1)}, {trials} of {self.total_trials} trials, "
+            f"{(now - self.start) / 60:.0f} of {self.minutes:g} minutes"
+        )
 
 
 def build(mod: Any, target: Any, _params: Any) -> Any:
@@ -225,6 +250,8 @@ def tune(tasks: list[Any], target: Any, database: Any, budget: Budget, logs: Pat
     # The re-measuring of the best schedules after the tuning (tvm_verify) is paid from the same
     # minutes, so that a compile keeps to its budget.
     deadline = start + budget.minutes * 60 - verify_reserve(len(tasks), budget, str(target.kind.name))
+    tell = Progress(budget.trials, budget.minutes, start)
+    tell(len(todo), 0, 0, force=True)
     offered: dict[int, set[str]] = {}
     if budget.templates and str(target.kind.name) == "llvm":
         # The register-blocked convolution schedules first: measured like a batch, they give each
@@ -261,6 +288,7 @@ def tune(tasks: list[Any], target: Any, database: Any, budget: Budget, logs: Pat
             _tune_one(todo[i], batch, logs, builder, runner, database, cost_model, budget.cores)
             spent[i] += batch
             stats.trials = len(database) - stats.records_before - stats.templates
+            tell(len(todo), stats.trials, stats.rounds)
         # A task's small search space can run dry (MetaSchedule then measures fewer candidates
         # than asked): a round that records nothing new ends the tuning.
         if stats.stopped_by_time or stats.trials == round_start:
