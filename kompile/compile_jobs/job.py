@@ -91,6 +91,20 @@ def _push_timing_cache(sync: StoreSync | None) -> None:
 def main() -> None:
     signal.signal(signal.SIGTERM, _stop)
     try:
+        _main()
+    except Stopped as stop:
+        print(
+            f"kompile-job: stopped by {stop} (the Job's deadline passed, or its pod is being deleted): "
+            "what a build had measured (a tvm tuning) was shared; nothing is published (result.json "
+            "goes last, so a stopped upload is never read as a result)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(ExitCode.STOPPED) from None
+
+
+def _main() -> None:
+    try:
         job = JobSpec.from_env(os.environ)
     except JobContractError as err:
         raise SystemExit(f"kompile-job: {err}") from None
@@ -119,14 +133,6 @@ def main() -> None:
         _terminate(compact_result(ts, None, None))
         print(f"kompile-job: {err}", file=sys.stderr)
         raise SystemExit(ExitCode.BAD_INPUT) from None
-    except Stopped as stop:
-        print(
-            f"kompile-job: stopped by {stop} (the Job's deadline passed, or its pod is being deleted): "
-            "nothing published; what a build had measured (a tvm tuning) was shared",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise SystemExit(ExitCode.STOPPED) from None
     _push_timing_cache(timing)
     status = result.status.targets[0]
     version = result.built[0].params.get("backend_version") if result.built else None
