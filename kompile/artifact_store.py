@@ -246,13 +246,19 @@ def write_if_unchanged(
 
     loc = _s3(uri)
     condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+    client = s3_client(endpoint, credentials)
     try:
-        s3_client(endpoint, credentials).put_object(Bucket=loc.bucket, Key=loc.key, Body=data, **condition)
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in _LOST_RACE:
-            return False
-        raise _s3_error("write of", uri, err) from None
-    except BotoCoreError as err:
+        try:
+            client.put_object(Bucket=loc.bucket, Key=loc.key, Body=data, **condition)
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code")
+            if code in _LOST_RACE:
+                return False
+            if code != "NotImplemented":
+                raise
+            # A server without conditional writes: the last writer wins, as before them.
+            client.put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
+    except (BotoCoreError, ClientError) as err:
         raise _s3_error("write of", uri, err) from None
     return True
 
