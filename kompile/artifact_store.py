@@ -7,11 +7,12 @@ a Secret's data passed in, or from the environment; they are never logged or put
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,22 @@ def object_version(
     return f"{str(head.get('ETag', '')).strip(chr(34))}:{head.get('ContentLength', '')}"
 
 
+def _s3_get(uri: str, endpoint: str | None, credentials: Credentials | None) -> tuple[bytes, str] | None:
+    """An S3 object's bytes and ETag, or None when it does not exist."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = _s3(uri)
+    try:
+        got = s3_client(endpoint, credentials).get_object(Bucket=loc.bucket, Key=loc.key)
+        return got["Body"].read(), str(got["ETag"])
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise _s3_error("read of", uri, err) from None
+    except BotoCoreError as err:
+        raise _s3_error("read of", uri, err) from None
+
+
 def read_bytes(uri: str, endpoint: str | None = None, credentials: Credentials | None = None) -> bytes | None:
     """The object's bytes, or None when it does not exist."""
     if not is_s3(uri):
@@ -155,20 +172,8 @@ def read_bytes(uri: str, endpoint: str | None = None, credentials: Credentials |
             return path.read_bytes() if path.is_file() else None
         except OSError as err:
             raise StoreError(f"read of {uri} failed: {err.strerror or type(err).__name__}") from None
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    loc = _s3(uri)
-    try:
-        body: bytes = (
-            s3_client(endpoint, credentials).get_object(Bucket=loc.bucket, Key=loc.key)["Body"].read()
-        )
-        return body
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-            return None
-        raise _s3_error("read of", uri, err) from None
-    except BotoCoreError as err:
-        raise _s3_error("read of", uri, err) from None
+    got = _s3_get(uri, endpoint, credentials)
+    return None if got is None else got[0]
 
 
 def write_bytes(
@@ -191,6 +196,16 @@ def write_bytes(
         raise _s3_error("write of", uri, err) from None
 
 
+@contextlib.contextmanager
+def locked(lock: Path) -> Iterator[None]:
+    """An exclusive lock on the file `lock` (created with its folder) across processes of this
+    machine, held for the `with` block."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def read_versioned(
     uri: str, endpoint: str | None = None, credentials: Credentials | None = None
 ) -> tuple[bytes | None, str | None]:
@@ -199,18 +214,8 @@ def read_versioned(
     if not is_s3(uri):
         data = read_bytes(uri)
         return data, (None if data is None else hashlib.sha256(data).hexdigest())
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    loc = _s3(uri)
-    try:
-        got = s3_client(endpoint, credentials).get_object(Bucket=loc.bucket, Key=loc.key)
-        return got["Body"].read(), str(got["ETag"])
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-            return None, None
-        raise _s3_error("read of", uri, err) from None
-    except BotoCoreError as err:
-        raise _s3_error("read of", uri, err) from None
+    got = _s3_get(uri, endpoint, credentials)
+    return (None, None) if got is None else got
 
 
 _LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
@@ -230,9 +235,7 @@ def write_if_unchanged(
     if not is_s3(uri):
         path = _local(uri)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with (path.parent / f".{path.name}.lock").open("w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            with locked(path.parent / f".{path.name}.lock"):
                 now = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
                 if now != version:
                     return False

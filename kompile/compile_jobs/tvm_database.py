@@ -17,18 +17,15 @@ shared by every run on this machine; a Job uses <store>/timing-caches (KOMPILE_T
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kompile.artifact_store import StoreError
+from kompile.artifact_store import StoreError, locked
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -142,17 +139,6 @@ def _record_key(workloads: list[str], line: str) -> tuple[str, str] | None:
         return None
 
 
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 @dataclass
 class SharedDatabase:
     """One class's database: the local shared folder, and the store's copy where a Job has one."""
@@ -178,14 +164,14 @@ class SharedDatabase:
             return 0
         if theirs is None:
             return 0
-        with _locked(self.folder):
+        with locked(self.folder / ".lock"):
             Database.read(self.folder).merged(theirs).write(self.folder)
         return len(theirs.records)
 
     def checkout(self, scratch: Path) -> Path:
         """A private copy for one build (its `state`)."""
         scratch.mkdir(parents=True, exist_ok=True)
-        with _locked(self.folder):
+        with locked(self.folder / ".lock"):
             for name in FILES:
                 if (self.folder / name).is_file():
                     shutil.copyfile(self.folder / name, scratch / name)
@@ -194,7 +180,7 @@ class SharedDatabase:
     def checkin(self, scratch: Path) -> int:
         """Merge a build's copy back into the local folder (and the store's); records added locally."""
         mine = Database.read(scratch)
-        with _locked(self.folder):
+        with locked(self.folder / ".lock"):
             before = Database.read(self.folder)
             after = before.merged(mine)
             if after != before:

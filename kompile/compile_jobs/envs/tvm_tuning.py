@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kompile.compile_jobs.env_protocol import progress
+
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 PROGRESS_SECONDS = 20.0
@@ -48,8 +50,6 @@ class Progress:
     last: float = float("-inf")
 
     def __call__(self, tasks: int, trials: int, rounds: int, force: bool = False) -> None:
-        from kompile.compile_jobs.env_protocol import progress
-
         now = time.monotonic()
         if not force and now - self.last < PROGRESS_SECONDS:
             return
