@@ -1,13 +1,15 @@
 """`kompile`: the command line. `kompile run MANIFEST` is the embedded default a newcomer tries first.
 
 Exit codes: 0 when every target this machine can serve validated; 1 when a target failed to
-compile or validate; 2 when the input is wrong (manifest, source, inputs, export).
+compile or validate; 2 when the input is wrong (manifest, source, inputs, export); 70 when kompile
+itself failed (a bug: the message names the file that holds the traceback).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -34,6 +36,7 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 EXIT_TARGET_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 70  # EX_SOFTWARE: kompile's own bug, not the input
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
@@ -351,7 +354,31 @@ def _elect(s: OperatorSettings, kube: Callable[[], Kube]) -> LeaseElector | None
 
 
 def main() -> None:
-    app()
+    # No raw traceback reaches a user: an error kompile did not expect is one line that says so,
+    # the traceback kept in a file for the bug report (KOMPILE_DEBUG=1 raises it as it is).
+    try:
+        app()
+    except Exception as err:
+        if os.environ.get("KOMPILE_DEBUG"):
+            raise
+        import tempfile
+        import traceback
+
+        from rich.markup import escape
+
+        fd, path = tempfile.mkstemp(prefix="kompile-error-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"kompile {' '.join(sys.argv[1:])}\n\n")
+            traceback.print_exception(err, file=f)
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        err_console.print(
+            f"[bold red]error:[/] kompile failed unexpectedly: {type(err).__name__}: {escape(first)}\n"
+            f"This is a bug in kompile, not in your input: please report it with {escape(path)} (the full "
+            "traceback); KOMPILE_DEBUG=1 prints it here.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise SystemExit(EXIT_INTERNAL) from None
 
 
 def print_json(doc: object) -> None:

@@ -82,7 +82,11 @@ class Source(ApiModel):
     )
     digest: str | None = Field(
         default=None,
-        description="Expected sha256 of the source file as sha256:<hex>; a mismatch fails the run.",
+        description=(
+            "Expected sha256 of the source file as sha256:<hex>; a mismatch fails the run. For an "
+            "ONNX model with external data files, the digest over the graph and those files that "
+            "status.sourceDigest reports."
+        ),
         pattern=r"^sha256:[0-9a-f]{64}$",
     )
 

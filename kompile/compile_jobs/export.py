@@ -218,13 +218,20 @@ def _export_program(
 
 def _check_onnx_source(src: Path, signature: Sequence[InputSpec], out_path: Path) -> tuple[Path, list[str]]:
     import onnx
-    from google.protobuf.message import DecodeError
+
+    from kompile.compile_jobs.source_files import SourceError, check_onnx
 
     try:
-        model = onnx.load(str(src))
-        onnx.checker.check_model(model)
-    except (onnx.checker.ValidationError, OSError, ValueError, DecodeError) as err:
-        raise ExportError(f"{src}: not a valid ONNX model: {_first_line(err)}") from None
+        external = check_onnx(src)
+        # By path, without loading the weights: the checker reads external data itself, and a model
+        # over 2 GB cannot be checked as one in-memory protobuf.
+        onnx.checker.check_model(str(src))
+        model = onnx.load(str(src), load_external_data=False)
+    except (onnx.checker.ValidationError, OSError, ValueError) as err:
+        msg = (
+            str(err) if isinstance(err, SourceError) else f"{src}: not a valid ONNX model: {_first_line(err)}"
+        )
+        raise ExportError(msg) from None
     graph_inputs = [
         i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}
     ]
@@ -235,4 +242,10 @@ def _check_onnx_source(src: Path, signature: Sequence[InputSpec], out_path: Path
             "make spec.inputs list the same names in the same order"
         )
     shutil.copyfile(src, out_path)
+    # The weights travel with the graph, at the same relative locations, so that every backend
+    # reading out_path finds them beside it.
+    for name in external:
+        dest = out_path.parent / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src.parent / name, dest)
     return out_path, [o.name for o in model.graph.output]

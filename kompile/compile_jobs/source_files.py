@@ -137,35 +137,70 @@ def _first_class(path: Path) -> str | None:
 # -- ONNX -------------------------------------------------------------------------------------------
 
 
-def check_onnx(path: Path) -> None:
-    """Parse the graph (without its weights' external data) and find every external data file."""
+def _onnx_tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor a graph holds: its initializers and the constants in node attributes, subgraphs
+    (If, Loop, Scan bodies) included, since any of them may keep its bytes in external data."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _onnx_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _onnx_tensors(sub)
+
+
+def onnx_external_files(model: Any) -> list[str]:
+    """The external data files a ModelProto (loaded without them) names, relative to its folder."""
+    from onnx.external_data_helper import uses_external_data
+
+    return sorted(
+        {
+            entry.value
+            for tensor in _onnx_tensors(model.graph)
+            if uses_external_data(tensor)
+            for entry in tensor.external_data
+            if entry.key == "location"
+        }
+    )
+
+
+def read_onnx_graph(path: Path) -> Any:
+    """The ModelProto without its external data; a file that is no ONNX model is a SourceError."""
     import onnx
     from google.protobuf.message import DecodeError
-    from onnx.external_data_helper import uses_external_data
 
     check(path, "onnx")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        return onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError) as err:
         raise SourceError(
             f"{path}: expected {EXPECTED['onnx']}, found {path.stat().st_size} bytes that cannot be "
             f"parsed as one (truncated or corrupt?): {str(err).strip().splitlines()[0]}"
         ) from None
-    missing = sorted(
-        {
-            entry.value
-            for tensor in model.graph.initializer
-            if uses_external_data(tensor)
-            for entry in tensor.external_data
-            if entry.key == "location" and not (path.parent / entry.value).is_file()
-        }
-    )
+
+
+def check_onnx(path: Path) -> list[str]:
+    """Parse the graph (without its weights' external data) and find every external data file;
+    returns their locations, relative to the model's folder."""
+    files = onnx_external_files(read_onnx_graph(path))
+    outside = [f for f in files if Path(f).is_absolute() or ".." in Path(f).parts]
+    if outside:
+        raise SourceError(
+            f"{path}: its external data location(s) {outside} point outside the model's folder, which "
+            "ONNX Runtime refuses: save the model with locations relative to it "
+            "(onnx.save_model(..., save_as_external_data=True, location='model.onnx.data'))"
+        )
+    missing = [f for f in files if not (path.parent / f).is_file()]
     if missing:
         raise SourceError(
             f"{path}: its weights are in external data file(s) {missing} that are not beside it in "
             f"{path.parent}: copy them next to the .onnx file (a model over 2 GB keeps its weights "
             "outside the protobuf)"
         )
+    return files
 
 
 # -- torch.export archives --------------------------------------------------------------------------

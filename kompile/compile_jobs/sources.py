@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import importlib
 import os
+import posixpath
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -126,6 +127,26 @@ def _fetch_s3(bucket: str, key: str, cache_dir: Path, endpoint: str | None) -> P
     return dest
 
 
+def _fetch_external_data(uri: str, path: Path, cache_dir: Path, endpoint: str | None) -> None:
+    """An s3:// ONNX model's external data files, fetched from beside its key to beside its copy
+    (a local model's are checked where they are)."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3":
+        return
+    folder = posixpath.dirname(parsed.path.lstrip("/"))
+    for name in source_files.onnx_external_files(source_files.read_onnx_graph(path)):
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            continue  # check_onnx refuses it, and nothing is written outside the cache
+        key = posixpath.join(folder, name)
+        try:
+            _fetch_s3(parsed.netloc, key, cache_dir, endpoint)
+        except SourceError as err:
+            raise SourceError(
+                f"spec.source.uri {uri}: its weights are in the external data file {name}, expected at "
+                f"s3://{parsed.netloc}/{key} beside it: {err}; upload it there"
+            ) from None
+
+
 def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
     target = uri.removeprefix("python://")
     module_name, _, attr = target.partition(":")
@@ -238,13 +259,15 @@ def load_source(
         loaded = _load_mlflow(source.uri, cache_dir, tracking_uri)
     else:
         path = fetch(source.uri, cache_dir, base_dir, s3_endpoint)
-        digest = sha256_file(path)
         if fmt == "onnx":
-            source_files.check_onnx(path)
+            _fetch_external_data(source.uri, path, cache_dir, s3_endpoint)
+            external = source_files.check_onnx(path)
+            # The weights are the model: a changed external data file is a changed source.
+            digest = sha256_files([path, *(path.parent / f for f in external)])
             loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path)
         else:
             module, program = _load_torch_file(path, fmt)
-            loaded = LoadedSource(source.uri, fmt, digest, module=module, exported=program)
+            loaded = LoadedSource(source.uri, fmt, sha256_file(path), module=module, exported=program)
     if source.digest and source.digest != loaded.digest:
         raise SourceError(
             f"spec.source.digest is {source.digest} but the source's sha256 is {loaded.digest}: "

@@ -18,6 +18,7 @@ from kompile.operator import tenancy
 from kompile.operator.kube import Kube
 from kompile.operator.outages import BREAKER
 from kompile.operator.settings import Settings
+from kompile.operator.source_parts import external_data_uris
 
 log = logging.getLogger("kompile.operator")
 
@@ -52,10 +53,22 @@ def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, imag
         # Job under another prefix).
         tag = store_call(src.uri, store, lambda: object_version(src.uri, store.endpoint, store.credentials))
         if tag:
-            return f"s3:{src.uri}@{tag}"
+            return f"s3:{src.uri}@{tag}" + _external_data_versions(src.uri, tag, store)
     if src.uri.startswith("python://") and image:
         return f"uri:{src.uri}@{image}"
     return f"uri:{src.uri}"
+
+
+def _external_data_versions(uri: str, tag: str, store: StoreAccess) -> str:
+    """`+<file>@<ETag:size>` for each external data file an ONNX source's graph names (`absent`
+    for one not there yet): new weights under an unchanged graph are a new source."""
+
+    def versions() -> str:
+        parts = external_data_uris(uri, tag, store.endpoint, store.credentials)
+        found = ((p, object_version(p, store.endpoint, store.credentials)) for p in parts)
+        return "".join(f"+{p.rpartition('/')[2]}@{v or 'absent'}" for p, v in found)
+
+    return store_call(uri, store, versions)
 
 
 NO_KEYS = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}

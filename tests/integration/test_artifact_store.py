@@ -411,3 +411,56 @@ def test_latest_pointers_land_beside_the_cache_and_move_with_the_winner(store_ro
     write(second, 2)
     doc = json.loads(read_bytes(pointer.uri) or b"{}")
     assert doc["generation"] == 2 and doc["uri"] == join(store_root, "cache", "ml", "gen2")
+
+
+def test_new_external_weights_under_an_unchanged_graph_change_the_cache_fingerprint(
+    s3_server: S3Server, s3_env: Any, tmp_path: Path
+) -> None:
+    """Retraining rewrites model.onnx.data and leaves model.onnx byte for byte the same: the key
+    must still change, or the cache hands back the old weights' artifact."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from kompile.api import parse_manifest
+    from kompile.operator.store_access import StoreAccess, source_fingerprint
+
+    weight = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        [weight],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save_model(
+        helper.make_model(graph),
+        str(path),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    s3_server.create_bucket(STORE_BUCKET)
+    root = f"s3://{STORE_BUCKET}/sources/{_unique()}"
+    write_bytes(join(root, "model.onnx"), path.read_bytes())
+    data = join(root, "model.onnx.data")
+    write_bytes(data, (tmp_path / "model.onnx.data").read_bytes())
+    doc = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "m"},
+        "spec": {
+            "source": {"uri": join(root, "model.onnx")},
+            "inputs": [{"name": "x", "shape": [1, 4]}],
+            "targets": [{"name": "cpu", "backend": "onnxruntime"}],
+        },
+    }
+    cm, store = parse_manifest(doc), StoreAccess(endpoint=None, credentials=None)
+    first = source_fingerprint(cm, store)
+    assert "+model.onnx.data@" in first and source_fingerprint(cm, store) == first
+    write_bytes(data, np.full((4, 4), 2.0, np.float32).tobytes())  # retrained: same graph file
+    second = source_fingerprint(cm, store)
+    assert second != first and second.split("+")[0] == first.split("+")[0]
+    s3_server.client().delete_object(Bucket=STORE_BUCKET, Key=data.removeprefix(f"s3://{STORE_BUCKET}/"))
+    assert source_fingerprint(cm, store).endswith("+model.onnx.data@absent")

@@ -108,6 +108,8 @@ class CompiledArtifact:
     """Package versions that built it."""
     serving_parameters: dict[str, str] = field(default_factory=dict)
     """Parameters for the Triton backend that serves it (its config.pbtxt `parameters`)."""
+    data_files: list[str] = field(default_factory=list)
+    """Files beside model_path that its model reads (ONNX external data): part of the artifact."""
 
     @property
     def serving(self) -> Serving | None:
@@ -116,10 +118,11 @@ class CompiledArtifact:
 
     def files(self) -> list[tuple[Path, str]]:
         """(built file, name in the Triton version folder) for each file of the artifact."""
+        data = [(self.model_path.parent / name, name) for name in self.data_files]
         if self.serving is None:
-            return [(self.model_path, self.model_path.name)]
+            return [(self.model_path, self.model_path.name), *data]
         first, *rest = self.serving.files
-        return [(self.model_path, first)] + [(self.model_path.parent / name, name) for name in rest]
+        return [(self.model_path, first)] + [(self.model_path.parent / name, name) for name in rest] + data
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
+from onnx.external_data_helper import uses_external_data
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from kompile.api.catalog.onnxruntime import OnnxRuntimeOptions
@@ -60,6 +61,7 @@ OPT_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
+DATA_FILE = "model.onnx.data"  # the artifact's weights, when the source kept its own outside the graph
 _TRANSFORMER_OPS = {"Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization"}
 # Embedding tables stay fp32 under dynamic quantization: a lookup gains no speed from int8, only error.
 _DYNAMIC_SKIP_OPS = {"EmbedLayerNormalization", "Gather"}
@@ -204,7 +206,7 @@ def fuse_transformer(
             hidden_size=hidden,
             optimization_options=fusion,
         )
-        fused.save_model_to_file(str(dst))
+        fused.save_model_to_file(str(dst), use_external_data_format=record.get("externalData") == "true")
     except TOOL_ERRORS as err:
         raise BackendError(
             f"transformer fusion ({record['modelType']}) of {src} failed: {err}; set option "
@@ -255,6 +257,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
             reduce_range=opts.reduce_range,
             weight_type=QuantType.QInt8,
             extra_options=extra,
+            use_external_data_format=record.get("externalData") == "true",
         )
     except TOOL_ERRORS as err:
         raise BackendError(
@@ -303,7 +306,8 @@ def quantize_static(
     method = next(m for m in CalibrationMethod if m.name.lower() == opts.calibration_method)
     symmetric = opts.activation_type == "int8"
     try:
-        quant_pre_process(str(src), str(pre), auto_merge=True)
+        external = record.get("externalData") == "true"
+        quant_pre_process(str(src), str(pre), auto_merge=True, save_as_external_data=external)
         excluded = []
         if opts.keep_float == "sensitive":
             excluded = sensitive_nodes(onnx.load(str(pre), load_external_data=False).graph)
@@ -318,6 +322,7 @@ def quantize_static(
             weight_type=QuantType.QInt8,
             calibrate_method=method,
             extra_options={"ActivationSymmetric": symmetric},
+            use_external_data_format=external,
             nodes_to_exclude=excluded,
         )
     except KeyError as err:
@@ -337,11 +342,19 @@ def quantize_static(
     return dst
 
 
-def optimize_and_save(src: Path, dst: Path, level: str, threads: int, disabled: list[str]) -> None:
-    """Let an InferenceSession apply its graph optimizations at `level` and save the result."""
+def optimize_and_save(
+    src: Path, dst: Path, level: str, threads: int, disabled: list[str], data_file: str | None = None
+) -> None:
+    """Let an InferenceSession apply its graph optimizations at `level` and save the result; with
+    `data_file`, the weights go to that file beside `dst` (ONNX external data), as a model over 2 GB
+    must have them."""
     so = ort.SessionOptions()
     so.graph_optimization_level = OPT_LEVELS[level]
     so.optimized_model_filepath = str(dst)
+    if data_file:
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_file)
+        # ONNX Runtime's own threshold: scales and shapes stay in the graph, weights go out.
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     so.intra_op_num_threads = threads
     try:
         ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
@@ -442,6 +455,11 @@ class OnnxRuntimeBackend(Backend):
             "intraOpThreads": str(threads),
             "interOpThreads": str(opts.inter_op_threads),
         }
+        # A source with its weights outside the graph (every model over 2 GB) keeps them outside
+        # through each step, and the artifact ships them as model.onnx.data beside model.onnx.
+        data_file = DATA_FILE if any(uses_external_data(t) for t in model.graph.initializer) else None
+        if data_file:
+            record["externalData"] = "true"
         mode = target.quantization or ("dynamic" if model_type != "none" else "static")
         graph = request.onnx()
         # Static QDQ quantizes plain MatMuls; the fused Attention op would keep its projections fp32.
@@ -456,10 +474,11 @@ class OnnxRuntimeBackend(Backend):
         final = request.out_dir / "model.onnx"
         disabled = [] if opts.skip_layer_norm else ["SkipLayerNormFusion"]
         record["disabledOptimizers"] = ",".join(disabled)
-        optimize_and_save(graph, final, opts.opt_level, threads, disabled)
+        optimize_and_save(graph, final, opts.opt_level, threads, disabled, data_file)
         return CompiledArtifact(
             backend=self.name,
             model_path=final,
+            data_files=[data_file] if data_file else [],
             options=record,
             toolchain={
                 "onnxruntime": str(ort.__version__),

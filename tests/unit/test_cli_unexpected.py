@@ -1,0 +1,42 @@
+"""An error kompile did not expect reaches the user as one line that says it is kompile's bug, with
+exit code 70 and the traceback in a file to report, never as a raw traceback."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from kompile import cli
+
+
+def test_an_unexpected_error_is_one_line_and_a_traceback_file(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : something deep\nsecond line")
+
+    monkeypatch.setattr(cli, "app", broken)
+    monkeypatch.setattr(sys, "argv", ["kompile", "run", "m.yaml"])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("KOMPILE_DEBUG", raising=False)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == cli.EXIT_INTERNAL == 70
+    err = capsys.readouterr().err
+    assert "kompile failed unexpectedly: RuntimeError: [ONNXRuntimeError] : 1 : FAIL : something deep" in err
+    assert "Traceback" not in err and "second line" not in err
+    found = re.search(r"report it with (\S+)", err.replace("\n", " "))
+    assert found, err
+    saved = Path(found.group(1)).read_text()
+    assert saved.startswith("kompile run m.yaml") and "Traceback" in saved and "second line" in saved
+    assert Path(found.group(1)).parent == tmp_path
+
+    monkeypatch.setenv("KOMPILE_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="something deep"):
+        cli.main()
