@@ -65,6 +65,17 @@ def minilm_l6() -> torch.nn.Module:
     return SentenceEncoder(bert).eval()
 
 
+def minilm_l6_automodel() -> torch.nn.Module:
+    """The same model as Hugging Face's AutoModel returns it, unwrapped: inputs by keyword among a
+    dozen optional ones, a ModelOutput (last_hidden_state, pooler_output) out. kompile calls it by
+    the spec's input names and flattens its outputs (kompile.compile_jobs.source_module)."""
+    from transformers import AutoModel
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model: torch.nn.Module = AutoModel.from_pretrained(_minilm_dir(), attn_implementation="eager")
+    return model.eval()
+
+
 def minilm_l6_dataset(path: Path, length: int = 32) -> Path:
     """Real sentences tokenized by the model's own tokenizer, one sample each, as an .npz keyed by
     input name (what spec.validation.dataset reads)."""

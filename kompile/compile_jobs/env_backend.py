@@ -19,6 +19,7 @@ from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_expor
 from kompile.compile_jobs.benchmark import SelfTimed, available_cores
 from kompile.compile_jobs.environments import EnvProcess
 from kompile.compile_jobs.hardware import cpu_description
+from kompile.compile_jobs.sources import module_label
 
 Array = np.ndarray[Any, Any]
 
@@ -95,7 +96,7 @@ def save_program(request: CompileRequest, args: tuple[torch.Tensor, ...], path: 
         try:
             program = torch.export.export(request.module.eval(), args)
         except EXPORT_ERRORS as err:
-            raise BackendError(describe_export_error(err, type(request.module).__qualname__, what)) from err
+            raise BackendError(describe_export_error(err, module_label(request.module), what)) from err
         torch.export.save(program, path)
 
 

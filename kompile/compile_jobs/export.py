@@ -20,7 +20,7 @@ import numpy as np
 
 from kompile.api.spec import InputSpec
 from kompile.compile_jobs.inputs import Feed
-from kompile.compile_jobs.sources import LoadedSource
+from kompile.compile_jobs.sources import LoadedSource, module_label
 from kompile.compile_jobs.triton import TensorSpec
 
 OPSET = 17
@@ -31,14 +31,15 @@ class ExportError(RuntimeError):
 
 
 def _flatten(out: Any) -> list[Any]:
+    """Output leaves in torch's pytree order (a dict's values as written), the ONNX exporter's."""
     if isinstance(out, dict):
-        return [v for _, v in sorted(out.items())]
+        return [x for v in out.values() for x in _flatten(v)]
     if isinstance(out, (list, tuple)):
         return [x for item in out for x in _flatten(item)]
     return [out]
 
 
-def _to_torch(feed: Feed, signature: Sequence[InputSpec]) -> tuple[Any, ...]:
+def to_torch(feed: Feed, signature: Sequence[InputSpec]) -> tuple[Any, ...]:
     import torch
 
     return tuple(torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in signature)
@@ -54,10 +55,10 @@ def eager_outputs(
     with torch.inference_mode():
         for feed in feeds:
             try:
-                out = module(*_to_torch(feed, signature))
+                out = module(*to_torch(feed, signature))
             except (RuntimeError, TypeError, ValueError) as err:
                 raise ExportError(
-                    f"{type(module).__qualname__} failed on inputs shaped "
+                    f"{module_label(module)} failed on inputs shaped "
                     f"{ {k: list(v.shape) for k, v in feed.items()} }: {_first_line(err)}; "
                     "check spec.inputs (names, dtypes, shapes) against the model's forward()"
                 ) from None
@@ -69,7 +70,7 @@ def eager_callable(module: Any, feed: Feed, signature: Sequence[InputSpec]) -> A
     """A no-argument function running the eager module once on `feed` (for the benchmark)."""
     import torch
 
-    args = _to_torch(feed, signature)
+    args = to_torch(feed, signature)
 
     def call() -> Any:
         with torch.inference_mode():
@@ -150,7 +151,7 @@ def export_onnx(
         try:
             torch.onnx.export(
                 module,
-                _to_torch(example, signature),
+                to_torch(example, signature),
                 str(out_path),
                 input_names=names,
                 output_names=output_names,
@@ -204,7 +205,7 @@ def _export_program(
         with contextlib.redirect_stdout(sys.stderr):
             torch.onnx.export(
                 loaded.exported,
-                _to_torch(example, signature),
+                to_torch(example, signature),
                 str(out_path),
                 input_names=names,
                 output_names=output_names,

@@ -120,6 +120,10 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     )
     status.source_digest = loaded.digest
     feeds, labels = _reference_feeds(cm, opts.base_dir)
+    if loaded.module is not None:  # inputs by name, outputs one tuple: what every consumer expects
+        from kompile.compile_jobs.source_module import adapt
+
+        loaded.module = adapt(loaded.module, spec.inputs, export.to_torch(feeds[0], spec.inputs))
     onnx_path = _export_if_consumed(cm, loaded, targets, feeds, opts, reporter)
     reference_runner = (
         None if loaded.module is not None or onnx_path is None else _onnx_reference(onnx_path, threads)

@@ -51,7 +51,13 @@ class LoadedSource:
     def label(self) -> str:
         if self.module is None or self.format in ("pt2", "torchscript", "mlflow"):
             return self.uri if self.format == "mlflow" else Path(self.uri).name
-        return type(self.module).__qualname__
+        return module_label(self.module)
+
+
+def module_label(module: Any) -> str:
+    """The user's class name for messages, through source_module.SourceModule's wrapping."""
+    inner = module.inner if getattr(module, "wraps_source", False) else module
+    return type(inner).__qualname__
 
 
 def detect_format(uri: str) -> str:

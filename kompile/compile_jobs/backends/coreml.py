@@ -36,6 +36,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.backends.executorch import static_example
 from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_export_error
+from kompile.compile_jobs.sources import module_label
 
 _PRECISION = {"fp32": ct.precision.FLOAT32, "fp16": ct.precision.FLOAT16}
 _UNITS = {
@@ -70,7 +71,7 @@ class CoreMlBackend(Backend):
         opts = options_of(request, CoreMlOptions)
         args, record = static_example(request)
         record.update(computeUnits=opts.compute_units, format="mlprogram")
-        label = type(request.module).__qualname__
+        label = module_label(request.module)
         request.out_dir.mkdir(parents=True, exist_ok=True)
         package = request.out_dir / "model.mlpackage"
         # The converter prints passes on stdout, which belongs to `kompile run --json`.

@@ -48,6 +48,7 @@ from kompile.compile_jobs.backends.inductor import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.hardware import cpu_description
+from kompile.compile_jobs.sources import module_label
 
 if TYPE_CHECKING:
     from kompile.api.spec import InputSpec
@@ -254,7 +255,7 @@ class ExecuTorchBackend(Backend):
         target = request.target
         opts = options_of(request, ExecuTorchOptions)
         args, record = device_example(request, self.name, opts.intra_op_threads)
-        label = type(request.module).__qualname__
+        label = module_label(request.module)
         out = request.out_dir / "model.pte"
         request.out_dir.mkdir(parents=True, exist_ok=True)
         # torch and ExecuTorch print graphs and progress on stdout, which belongs to `kompile run --json`.

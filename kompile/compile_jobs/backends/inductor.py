@@ -54,6 +54,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.inputs import generate_feeds
+from kompile.compile_jobs.sources import module_label
 
 if TYPE_CHECKING:
     from kompile.api.spec import InputSpec
@@ -254,9 +255,10 @@ def _cuda_missing(what: str) -> BackendUnavailable:
 
 
 def flatten_outputs(out: Any) -> list[Any]:
-    """Leaves of a model's output in the order the eager reference uses (dict values by key)."""
+    """Leaves of a model's output in the order the eager reference uses (torch's pytree order: a
+    dict's values as written)."""
     if isinstance(out, dict):
-        return [x for _, v in sorted(out.items()) for x in flatten_outputs(v)]
+        return [x for v in out.values() for x in flatten_outputs(v)]
     if isinstance(out, (list, tuple)):
         return [x for item in out for x in flatten_outputs(item)]
     return [out]
@@ -363,7 +365,7 @@ class InductorBackend(Backend):
             )
         dtype = DTYPES[target.precision]
         threads = opts.intra_op_threads or request.threads or available_cores()
-        label = type(request.module).__qualname__
+        label = module_label(request.module)
         module = (
             request.module if dtype == torch.float32 and device == "cpu" else copy.deepcopy(request.module)
         )
@@ -401,10 +403,11 @@ class InductorBackend(Backend):
         # torch prints graphs and progress on stdout, which belongs to `kompile run --json`.
         with contextlib.redirect_stdout(sys.stderr):
             try:
+                shapes: tuple[Any, ...] | None = dynamic_shapes(request.signature)
+                if shapes and getattr(module, "wraps_source", False):
+                    shapes = (shapes,)  # source_module.SourceModule takes its inputs as *tensors
                 with torch.no_grad():
-                    program = torch.export.export(
-                        module, args, dynamic_shapes=dynamic_shapes(request.signature)
-                    )
+                    program = torch.export.export(module, args, dynamic_shapes=shapes)
             except EXPORT_ERRORS as err:
                 raise BackendError(describe_export_error(err, label)) from err
             try:

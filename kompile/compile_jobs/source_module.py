@@ -1,0 +1,78 @@
+"""The source module as every consumer sees it: inputs passed by their spec.inputs names where
+forward() takes them by name, outputs one flat tuple of tensors.
+
+Why: a Hugging Face model (AutoModel.from_pretrained) takes input_ids, attention_mask, ... as
+keywords among a dozen optional ones; called positionally, the ONNX exporter fills the parameters
+between with their defaults and the model's own decorators pass one of them again ("got multiple
+values for argument 'use_cache'"), and a spec listing token_type_ids before attention_mask would
+feed one as the other. Its output is a ModelOutput (a dict), and a plain dict of heads is common
+too: the ONNX exporter and torch.export order a dict's values as written, JAX by sorted key, so
+the reference, each artifact and each runtime would disagree on which output is which. One flat
+tuple, in torch's own pytree order (as written), leaves nothing to disagree about.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from kompile.api.spec import InputSpec
+
+
+def _by_name(module: Any, names: Sequence[str]) -> bool:
+    """Pass inputs by name when forward() names each of them and a positional call would not be
+    exactly its parameter list (more parameters, or another order)."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a compiled or scripted forward without a signature
+        return False
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not set(names) <= set(named):
+        return False
+    return [p.name for p in params if p.kind is not p.VAR_KEYWORD] != list(names)
+
+
+def _flat(out: Any) -> bool:
+    return isinstance(out, torch.Tensor) or (
+        isinstance(out, tuple) and type(out) is tuple and all(isinstance(t, torch.Tensor) for t in out)
+    )
+
+
+class SourceModule(torch.nn.Module):  # type: ignore[misc]
+    """The user's module called by input name, its outputs flattened to a tuple of tensors."""
+
+    wraps_source = True  # sources.module_label names the class inside (torch-free code reads it)
+
+    def __init__(self, inner: torch.nn.Module, names: Sequence[str], by_name: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.names = list(names)
+        self.by_name = by_name
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = (
+            self.inner(**dict(zip(self.names, tensors, strict=True)))
+            if self.by_name
+            else self.inner(*tensors)
+        )
+        return tuple(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+
+
+def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.Tensor]) -> Any:
+    """`module` itself when positional inputs and its outputs are already what consumers expect,
+    else a SourceModule around it. A module that fails on the example is left as it is: the
+    reference run reports that failure with what to change."""
+    names = [s.name for s in signature]
+    by_name = _by_name(module, names)
+    try:
+        with torch.inference_mode():
+            out = module(**dict(zip(names, example, strict=True))) if by_name else module(*example)
+    except (RuntimeError, TypeError, ValueError):
+        out = None
+    if not by_name and (out is None or _flat(out)):
+        return module
+    return SourceModule(module, names, by_name).eval()
