@@ -97,13 +97,31 @@ def parse_manifest(doc: Any, source: str = "manifest") -> CompiledModel:
         raise ManifestError(format_validation_error(err, source)) from None
 
 
+_TORCH_FILES = {".pt": "TorchScript", ".pth": "TorchScript", ".ts": "TorchScript"}
+
+
+def _binary_hint(p: Path) -> str:
+    kind = _TORCH_FILES.get(p.suffix.lower())
+    if kind is None:
+        return f"{p}: not a YAML manifest (binary content); pass a CompiledModel manifest or a model file"
+    return (
+        f"{p}: not a YAML manifest but a {kind} model file, whose input shapes kompile cannot read: write "
+        f"a manifest with spec.source.uri: {p.name} and its spec.inputs (examples/small-cnn.yaml is "
+        "one), or pass an .onnx or .pt2 file (torch.export.save), whose inputs kompile reads itself"
+    )
+
+
 def load_manifest(path: str | Path) -> CompiledModel:
     """Read a YAML file holding one CompiledModel document."""
     p = Path(path)
     if not p.is_file():
         raise ManifestError(f"{p}: no such manifest file")
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ManifestError(_binary_hint(p)) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as err:
         raise ManifestError(f"{p}: not valid YAML: {err}") from None
     models = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]

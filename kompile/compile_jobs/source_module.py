@@ -53,6 +53,12 @@ class SourceModule(torch.nn.Module):  # type: ignore[misc]
         self.names = list(names)
         self.by_name = by_name
 
+    def train(self, mode: bool = True) -> SourceModule:
+        # The wrapper's flag only: the module inside was put in eval mode where it was loaded, and
+        # a .pt2 program's module refuses both train() and eval().
+        self.training = mode
+        return self
+
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = (
             self.inner(**dict(zip(self.names, tensors, strict=True)))

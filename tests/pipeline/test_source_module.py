@@ -144,3 +144,21 @@ def test_adapt_calls_by_name_only_where_forward_names_the_inputs() -> None:
     assert adapt(plain, _specs("left", "right"), [ones, ones]) is plain
     # A module that fails on the example is left for the reference run to report.
     assert adapt(_Keywords(), _specs("ids"), [ones]) is not None
+
+
+def test_a_pt2_returning_a_dict_validates_on_every_candidate(
+    kompile_run: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .pt2 program's module refuses train() and eval(): wrapped, it must still be left as loaded."""
+    (tmp_path / "heads.py").write_text(HEADS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from heads import heads  # type: ignore[import-not-found]
+
+    path = tmp_path / "heads.pt2"
+    torch.export.save(torch.export.export(heads(), (torch.randn(1, 16),)), str(path))
+    res = kompile_run(path, "--no-register")
+    assert res.code == 0, res.stderr
+    (target,) = json.loads(res.stdout)["targets"]
+    phases = {c["name"]: c["phase"] for c in target["candidates"]}
+    assert phases and set(phases.values()) == {"Succeeded"}, phases
+    assert "inductor-fp32" in phases and "onnxruntime-fp32" in phases

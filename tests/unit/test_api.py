@@ -144,6 +144,24 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
     bad.write_text("spec: [unclosed")
     with pytest.raises(ManifestError, match="not valid YAML"):
         load_manifest(bad)
+    # A model file that `kompile run` cannot read inputs from is named as such, not decoded as YAML.
+    scripted = tmp_path / "model.pt"
+    scripted.write_bytes(b"PK\x03\x04\xf5\x00binary zip of a TorchScript module")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(scripted)
+    message = str(info.value)
+    for phrase in (
+        "model.pt",
+        "not a YAML manifest",
+        "TorchScript",
+        "spec.source.uri: model.pt",
+        ".onnx or .pt2",
+    ):
+        assert phrase in message, message
+    blob = tmp_path / "weights.bin"
+    blob.write_bytes(bytes(range(256)))
+    with pytest.raises(ManifestError, match=r"weights.bin: not a YAML manifest \(binary content\)"):
+        load_manifest(blob)
 
 
 def test_checked_in_crd_matches_models() -> None:
