@@ -72,6 +72,10 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
     """`module` itself when positional inputs and its outputs are already what consumers expect,
     else a SourceModule around it. A module that fails on the example is left as it is: the
     reference run reports that failure with what to change."""
+    if isinstance(module, torch.jit.ScriptModule):
+        # Tracing cannot enter a TorchScript module from a wrapper; its dict outputs keep their
+        # insertion order, which export._flatten follows.
+        return module
     names = [s.name for s in signature]
     by_name = _by_name(module, names)
     try:

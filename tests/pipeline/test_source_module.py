@@ -142,6 +142,9 @@ def test_adapt_calls_by_name_only_where_forward_names_the_inputs() -> None:
     assert adapt(plain, _specs("a", "b"), [ones, ones]) is plain
     # Names forward does not have: positional, as before.
     assert adapt(plain, _specs("left", "right"), [ones, ones]) is plain
+    # TorchScript cannot be traced through from a wrapper: left as it is.
+    scripted = torch.jit.script(_Keywords())
+    assert adapt(scripted, _specs("ids", "types", "mask"), [ones, ones, ones]) is scripted
     # A module that fails on the example is left for the reference run to report.
     assert adapt(_Keywords(), _specs("ids"), [ones]) is not None
 
