@@ -9,9 +9,8 @@ whose encoding is fixed (field 1 "location", then field 2 with the file name).
 
 from __future__ import annotations
 
+import functools
 import posixpath
-import threading
-from collections import OrderedDict
 
 from kompile.artifact_store import Credentials, read_bytes
 
@@ -19,7 +18,6 @@ _LOCATION = b"\x0a\x08location\x12"  # field 1, length 8, "location", then field
 SCAN_LIMIT = 64 * 1024 * 1024
 """Graphs over this size are not read: a graph with external data is small (a few MiB even for a
 large language model); a bigger .onnx file holds its weights inline, and its own ETag covers them."""
-_MEMO_SIZE = 256
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
@@ -52,28 +50,16 @@ def external_data_names(graph: bytes) -> list[str]:
     return sorted(names)
 
 
-class _Memo:
-    """Names per (graph URI, its ETag): the graph is read once per version, not per reconcile."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
-
-    def get(self, key: tuple[str, str]) -> list[str] | None:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-            return found
-
-    def put(self, key: tuple[str, str], names: list[str]) -> None:
-        with self._lock:
-            self._entries[key] = names
-            while len(self._entries) > _MEMO_SIZE:
-                self._entries.popitem(last=False)
-
-
-_MEMO = _Memo()
+@functools.lru_cache(maxsize=256)
+def _names(
+    uri: str, version: str, endpoint: str | None, credentials: tuple[tuple[str, str], ...] | None
+) -> tuple[str, ...]:
+    """Names per graph version (its ETag and size): the graph is read once, not per reconcile."""
+    size = version.rpartition(":")[2]
+    if size.isdigit() and int(size) > SCAN_LIMIT:
+        return ()
+    graph = read_bytes(uri, endpoint, None if credentials is None else dict(credentials))
+    return tuple(external_data_names(graph)) if graph is not None else ()
 
 
 def external_data_uris(
@@ -83,14 +69,7 @@ def external_data_uris(
     size are `version`, as object_version gives them)."""
     if not uri.endswith(".onnx"):
         return []
-    names = _MEMO.get((uri, version))
-    if names is None:
-        size = version.rpartition(":")[2]
-        if size.isdigit() and int(size) > SCAN_LIMIT:
-            names = []
-        else:
-            graph = read_bytes(uri, endpoint, credentials)
-            names = external_data_names(graph) if graph is not None else []
-        _MEMO.put((uri, version), names)
+    frozen = None if credentials is None else tuple(sorted(credentials.items()))  # hashable, for the cache
+    names = _names(uri, version, endpoint, frozen)
     folder = posixpath.dirname(uri)
     return [posixpath.join(folder, name) for name in names]
