@@ -30,12 +30,13 @@ class ExportError(RuntimeError):
     """The source could not be exported; the message names the module and the construct."""
 
 
-def _flatten(out: Any) -> list[Any]:
-    """Output leaves in torch's pytree order (a dict's values as written), the ONNX exporter's."""
+def flatten_outputs(out: Any) -> list[Any]:
+    """Output leaves in torch's pytree order (a dict's values as written), the ONNX exporter's:
+    the order of the reference and of every runner's outputs."""
     if isinstance(out, dict):
-        return [x for v in out.values() for x in _flatten(v)]
+        return [x for v in out.values() for x in flatten_outputs(v)]
     if isinstance(out, (list, tuple)):
-        return [x for item in out for x in _flatten(item)]
+        return [x for item in out for x in flatten_outputs(item)]
     return [out]
 
 
@@ -62,7 +63,7 @@ def eager_outputs(
                     f"{ {k: list(v.shape) for k, v in feed.items()} }: {_first_line(err)}; "
                     "check spec.inputs (names, dtypes, shapes) against the model's forward()"
                 ) from None
-            results.append([t.detach().float().cpu().numpy() for t in _flatten(out)])
+            results.append([t.detach().float().cpu().numpy() for t in flatten_outputs(out)])
     return results
 
 
@@ -220,14 +221,14 @@ def _export_program(
 def _check_onnx_source(src: Path, signature: Sequence[InputSpec], out_path: Path) -> tuple[Path, list[str]]:
     import onnx
 
-    from kompile.compile_jobs.source_files import SourceError, check_onnx
+    from kompile.compile_jobs.source_files import SourceError, check_onnx, read_onnx_graph
 
     try:
-        external = check_onnx(src)
+        model = read_onnx_graph(src)
+        external = check_onnx(src, model)
         # By path, without loading the weights: the checker reads external data itself, and a model
         # over 2 GB cannot be checked as one in-memory protobuf.
         onnx.checker.check_model(str(src))
-        model = onnx.load(str(src), load_external_data=False)
     except (onnx.checker.ValidationError, OSError, ValueError) as err:
         msg = (
             str(err) if isinstance(err, SourceError) else f"{src}: not a valid ONNX model: {_first_line(err)}"

@@ -68,10 +68,9 @@ def read_signature(path: Path, fmt: str) -> list[Input]:
 
 
 def _onnx_inputs(path: Path) -> list[Input]:
-    import onnx
 
-    source_files.check_onnx(path)
-    model = onnx.load(str(path), load_external_data=False)
+    model = source_files.read_onnx_graph(path)
+    source_files.check_onnx(path, model)
     weights = {t.name for t in model.graph.initializer}
     out: list[Input] = []
     for vi in model.graph.input:

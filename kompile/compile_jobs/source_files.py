@@ -182,10 +182,10 @@ def read_onnx_graph(path: Path) -> Any:
         ) from None
 
 
-def check_onnx(path: Path) -> list[str]:
-    """Parse the graph (without its weights' external data) and find every external data file;
-    returns their locations, relative to the model's folder."""
-    files = onnx_external_files(read_onnx_graph(path))
+def external_files(path: Path, model: Any) -> list[str]:
+    """The external data files of the graph at `path` (parsed as `model`), relative to its folder;
+    a location outside that folder is a SourceError (nothing is ever read or fetched there)."""
+    files = onnx_external_files(model)
     outside = [f for f in files if Path(f).is_absolute() or ".." in Path(f).parts]
     if outside:
         raise SourceError(
@@ -193,6 +193,11 @@ def check_onnx(path: Path) -> list[str]:
             "ONNX Runtime refuses: save the model with locations relative to it "
             "(onnx.save_model(..., save_as_external_data=True, location='model.onnx.data'))"
         )
+    return files
+
+
+def check_beside(path: Path, files: list[str]) -> None:
+    """Each external data file is there, beside the graph."""
     missing = [f for f in files if not (path.parent / f).is_file()]
     if missing:
         raise SourceError(
@@ -200,6 +205,13 @@ def check_onnx(path: Path) -> list[str]:
             f"{path.parent}: copy them next to the .onnx file (a model over 2 GB keeps its weights "
             "outside the protobuf)"
         )
+
+
+def check_onnx(path: Path, model: Any | None = None) -> list[str]:
+    """Parse the graph (without its weights' external data) unless given, and check every external
+    data file; returns their locations, relative to the model's folder."""
+    files = external_files(path, read_onnx_graph(path) if model is None else model)
+    check_beside(path, files)
     return files
 
 

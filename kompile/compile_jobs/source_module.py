@@ -38,7 +38,7 @@ def _by_name(module: Any, names: Sequence[str]) -> bool:
 
 def _flat(out: Any) -> bool:
     return isinstance(out, torch.Tensor) or (
-        isinstance(out, tuple) and type(out) is tuple and all(isinstance(t, torch.Tensor) for t in out)
+        type(out) is tuple and all(isinstance(t, torch.Tensor) for t in out)
     )
 
 
@@ -74,7 +74,7 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
     reference run reports that failure with what to change."""
     if isinstance(module, torch.jit.ScriptModule):
         # Tracing cannot enter a TorchScript module from a wrapper; its dict outputs keep their
-        # insertion order, which export._flatten follows.
+        # insertion order, which export.flatten_outputs follows.
         return module
     names = [s.name for s in signature]
     by_name = _by_name(module, names)

@@ -133,16 +133,14 @@ def _fetch_s3(bucket: str, key: str, cache_dir: Path, endpoint: str | None) -> P
     return dest
 
 
-def _fetch_external_data(uri: str, path: Path, cache_dir: Path, endpoint: str | None) -> None:
-    """An s3:// ONNX model's external data files, fetched from beside its key to beside its copy
-    (a local model's are checked where they are)."""
+def _fetch_external_data(uri: str, names: Sequence[str], cache_dir: Path, endpoint: str | None) -> None:
+    """An s3:// ONNX model's external data files (`names`, each inside its folder), fetched from
+    beside its key to beside its copy (a local model's are checked where they are)."""
     parsed = urlparse(uri)
     if parsed.scheme != "s3":
         return
     folder = posixpath.dirname(parsed.path.lstrip("/"))
-    for name in source_files.onnx_external_files(source_files.read_onnx_graph(path)):
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            continue  # check_onnx refuses it, and nothing is written outside the cache
+    for name in names:
         key = posixpath.join(folder, name)
         try:
             _fetch_s3(parsed.netloc, key, cache_dir, endpoint)
@@ -266,8 +264,9 @@ def load_source(
     else:
         path = fetch(source.uri, cache_dir, base_dir, s3_endpoint)
         if fmt == "onnx":
-            _fetch_external_data(source.uri, path, cache_dir, s3_endpoint)
-            external = source_files.check_onnx(path)
+            external = source_files.external_files(path, source_files.read_onnx_graph(path))
+            _fetch_external_data(source.uri, external, cache_dir, s3_endpoint)
+            source_files.check_beside(path, external)
             # The weights are the model: a changed external data file is a changed source.
             digest = sha256_files([path, *(path.parent / f for f in external)])
             loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path)

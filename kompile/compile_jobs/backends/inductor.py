@@ -53,6 +53,7 @@ from kompile.compile_jobs.backends.base import (
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # executorch reads it here
 from kompile.compile_jobs.inputs import generate_feeds
 from kompile.compile_jobs.sources import module_label
 
@@ -252,16 +253,6 @@ def _cuda_missing(what: str) -> BackendUnavailable:
 
 # ---------------------------------------------------------------------------------------------
 # The runner
-
-
-def flatten_outputs(out: Any) -> list[Any]:
-    """Leaves of a model's output in the order the eager reference uses (torch's pytree order: a
-    dict's values as written)."""
-    if isinstance(out, dict):
-        return [x for v in out.values() for x in flatten_outputs(v)]
-    if isinstance(out, (list, tuple)):
-        return [x for item in out for x in flatten_outputs(item)]
-    return [out]
 
 
 class InductorRunner:

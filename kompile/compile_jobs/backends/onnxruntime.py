@@ -29,7 +29,6 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
-from onnx.external_data_helper import uses_external_data
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from kompile.api.catalog.onnxruntime import OnnxRuntimeOptions
@@ -44,6 +43,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
+from kompile.compile_jobs.source_files import onnx_external_files
 
 Array = np.ndarray[Any, Any]
 Opts = dict[str, str]
@@ -176,9 +176,10 @@ def detect_heads(model: onnx.ModelProto) -> tuple[int, int]:
 
 
 def fuse_transformer(
-    src: Path, model: onnx.ModelProto, dst: Path, opts: OnnxRuntimeOptions, record: Opts
+    src: Path, model: onnx.ModelProto, dst: Path, opts: OnnxRuntimeOptions, record: Opts, external: bool
 ) -> Path:
-    """ONNX Runtime's transformer fusions; the fused-op counts go into the record."""
+    """ONNX Runtime's transformer fusions; the fused-op counts go into the record. `external`: the
+    weights stay in external data (as the source had them)."""
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
 
@@ -206,7 +207,7 @@ def fuse_transformer(
             hidden_size=hidden,
             optimization_options=fusion,
         )
-        fused.save_model_to_file(str(dst), use_external_data_format=record.get("externalData") == "true")
+        fused.save_model_to_file(str(dst), use_external_data_format=external)
     except TOOL_ERRORS as err:
         raise BackendError(
             f"transformer fusion ({record['modelType']}) of {src} failed: {err}; set option "
@@ -239,7 +240,7 @@ class FeedReader:
         self._next = 0
 
 
-def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opts) -> Path:
+def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opts, external: bool) -> Path:
     """int8 weights, activations quantized per call (uint8): no calibration data needed."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
@@ -257,7 +258,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
             reduce_range=opts.reduce_range,
             weight_type=QuantType.QInt8,
             extra_options=extra,
-            use_external_data_format=record.get("externalData") == "true",
+            use_external_data_format=external,
         )
     except TOOL_ERRORS as err:
         raise BackendError(
@@ -290,7 +291,13 @@ def sensitive_nodes(graph: onnx.GraphProto) -> list[str]:
 
 
 def quantize_static(
-    src: Path, inputs: list[str], work: Path, req: CompileRequest, opts: OnnxRuntimeOptions, record: Opts
+    src: Path,
+    inputs: list[str],
+    work: Path,
+    req: CompileRequest,
+    opts: OnnxRuntimeOptions,
+    record: Opts,
+    external: bool,
 ) -> Path:
     """QDQ int8 with activation ranges calibrated on the reference inputs; per-channel weights."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quant_pre_process
@@ -306,7 +313,6 @@ def quantize_static(
     method = next(m for m in CalibrationMethod if m.name.lower() == opts.calibration_method)
     symmetric = opts.activation_type == "int8"
     try:
-        external = record.get("externalData") == "true"
         quant_pre_process(str(src), str(pre), auto_merge=True, save_as_external_data=external)
         excluded = []
         if opts.keep_float == "sensitive":
@@ -457,20 +463,21 @@ class OnnxRuntimeBackend(Backend):
         }
         # A source with its weights outside the graph (every model over 2 GB) keeps them outside
         # through each step, and the artifact ships them as model.onnx.data beside model.onnx.
-        data_file = DATA_FILE if any(uses_external_data(t) for t in model.graph.initializer) else None
-        if data_file:
+        external = bool(onnx_external_files(model))
+        data_file = DATA_FILE if external else None
+        if external:
             record["externalData"] = "true"
         mode = target.quantization or ("dynamic" if model_type != "none" else "static")
         graph = request.onnx()
         # Static QDQ quantizes plain MatMuls; the fused Attention op would keep its projections fp32.
         if model_type != "none" and not (target.precision == "int8" and mode == "static"):
-            graph = fuse_transformer(graph, model, work / "fused.onnx", opts, record)
+            graph = fuse_transformer(graph, model, work / "fused.onnx", opts, record, external)
         if target.precision == "int8" and mode == "dynamic":
-            graph = quantize_dynamic(graph, work / "quantized.onnx", opts, record)
+            graph = quantize_dynamic(graph, work / "quantized.onnx", opts, record, external)
         elif target.precision == "int8":
             weights = {t.name for t in model.graph.initializer}
             inputs = [i.name for i in model.graph.input if i.name not in weights]
-            graph = quantize_static(graph, inputs, work, request, opts, record)
+            graph = quantize_static(graph, inputs, work, request, opts, record, external)
         final = request.out_dir / "model.onnx"
         disabled = [] if opts.skip_layer_norm else ["SkipLayerNormFusion"]
         record["disabledOptimizers"] = ",".join(disabled)
