@@ -12,7 +12,7 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +125,13 @@ def export_onnx(
     signature: Sequence[InputSpec],
     example: Feed,
     out_path: Path,
+    note: Callable[[str], None] = lambda _: None,
 ) -> tuple[Path, list[str]]:
-    """Write the fp32 ONNX graph of the source to out_path; returns it and the output names."""
+    """Write the fp32 ONNX graph of the source to out_path; returns it and the output names. `note`
+    hears of each change made to an ONNX source's working copy."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if loaded.onnx_path is not None:
-        return _check_onnx_source(loaded.onnx_path, signature, out_path)
+        return _check_onnx_source(loaded.onnx_path, signature, out_path, note)
     import torch
 
     module = loaded.module
@@ -218,9 +220,12 @@ def _export_program(
     return out_path, output_names
 
 
-def _check_onnx_source(src: Path, signature: Sequence[InputSpec], out_path: Path) -> tuple[Path, list[str]]:
+def _check_onnx_source(
+    src: Path, signature: Sequence[InputSpec], out_path: Path, note: Callable[[str], None]
+) -> tuple[Path, list[str]]:
     import onnx
 
+    from kompile.compile_jobs.onnx_upgrade import upgrade
     from kompile.compile_jobs.source_files import SourceError, check_onnx, read_onnx_graph
 
     try:
@@ -243,7 +248,13 @@ def _check_onnx_source(src: Path, signature: Sequence[InputSpec], out_path: Path
             f"{src}: the model's inputs are {graph_inputs}, spec.inputs declares {declared}; "
             "make spec.inputs list the same names in the same order"
         )
-    shutil.copyfile(src, out_path)
+    model, changes = upgrade(model)
+    if changes:  # external weights stay references: written beside the graph below
+        onnx.save_model(model, str(out_path))
+        for change in changes:
+            note(f"{src.name}: {change}")
+    else:
+        shutil.copyfile(src, out_path)
     # The weights travel with the graph, at the same relative locations, so that every backend
     # reading out_path finds them beside it.
     for name in external:

@@ -125,9 +125,8 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
 
         loaded.module = adapt(loaded.module, spec.inputs, export.to_torch(feeds[0], spec.inputs))
     onnx_path = _export_if_consumed(cm, loaded, targets, feeds, opts, reporter)
-    reference_runner = (
-        None if loaded.module is not None or onnx_path is None else _onnx_reference(onnx_path, threads)
-    )
+    # An ONNX source's reference is the file as given, not the working copy the backends compile.
+    reference_runner = None if loaded.onnx_path is None else _onnx_reference(loaded.onnx_path, threads)
     reference = _reference_results(cm, loaded, reference_runner, feeds, onnx_path, reporter)
     reference.labels = labels
     reference_file = reference.save(opts.work_dir / REFERENCE_FILE)
@@ -184,7 +183,8 @@ def _export_if_consumed(
         reporter.stage(None, f"reading the ONNX graph of {loaded.label}")
     else:
         reporter.stage(None, f"exporting {loaded.label} to ONNX")
-    path, _ = export.export_onnx(loaded, cm.spec.inputs, feeds[0], opts.work_dir / "export" / "model.onnx")
+    out = opts.work_dir / "export" / "model.onnx"
+    path, _ = export.export_onnx(loaded, cm.spec.inputs, feeds[0], out, lambda m: reporter.stage(None, m))
     return path
 
 

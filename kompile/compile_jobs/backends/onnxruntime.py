@@ -17,6 +17,8 @@ Steps, each recorded in the artifact's options (defaults chosen by measurement o
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import platform
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -240,6 +242,22 @@ class FeedReader:
         self._next = 0
 
 
+@contextlib.contextmanager
+def _without_preprocess_advice() -> Iterator[None]:
+    """ONNX Runtime's dynamic quantizer logs advice to pre-process on the root logger for every model:
+    with MatMulConstBOnly it quantizes only constant weights, which need no inferred shapes."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "consider to run pre-processing" not in record.getMessage()
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+
+
 def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opts, external: bool) -> Path:
     """int8 weights, activations quantized per call (uint8): no calibration data needed."""
     from onnxruntime.quantization import QuantType
@@ -249,21 +267,22 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
     per_channel = opts.per_channel == "true"  # auto: per-tensor, measured as fast and as close on BERT
     op_types = sorted(set(IntegerOpsRegistry) - _DYNAMIC_SKIP_OPS)
     extra = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
-    try:
-        ort_quantize_dynamic(
-            str(src),
-            str(dst),
-            op_types_to_quantize=op_types,
-            per_channel=per_channel,
-            reduce_range=opts.reduce_range,
-            weight_type=QuantType.QInt8,
-            extra_options=extra,
-            use_external_data_format=external,
-        )
-    except TOOL_ERRORS as err:
-        raise BackendError(
-            f"dynamic int8 quantization of {src} failed: {err}; try quantization: static"
-        ) from err
+    with _without_preprocess_advice():
+        try:
+            ort_quantize_dynamic(
+                str(src),
+                str(dst),
+                op_types_to_quantize=op_types,
+                per_channel=per_channel,
+                reduce_range=opts.reduce_range,
+                weight_type=QuantType.QInt8,
+                extra_options=extra,
+                use_external_data_format=external,
+            )
+        except TOOL_ERRORS as err:
+            raise BackendError(
+                f"dynamic int8 quantization of {src} failed: {err}; try quantization: static"
+            ) from err
     record.update(quantization="dynamic", quantFormat="qoperator", weightType="int8", activationType="uint8")
     record.update(perChannel=str(per_channel).lower(), reduceRange=str(opts.reduce_range).lower())
     return dst
