@@ -68,6 +68,14 @@ def _quote_hint(loc: tuple[int | str, ...], value: bool | int | float) -> str:
     return f'{what}, and YAML reads an unquoted {value} as a number: quote it ({key}: "{value}")'
 
 
+def _mapping_hint(loc: tuple[int | str, ...], value: Any) -> str:
+    got = f"the string {value!r}" if isinstance(value, str) else f"a {type(value).__name__}"
+    msg = f"expected a mapping, not {got}"
+    if isinstance(value, str) and "candidates" in loc:  # a backend named where its object goes
+        msg += f": write {{backend: {value}}}"
+    return msg + " (docs/reference.md lists its fields)"
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid CompiledModel manifest:"]
     for e in err.errors():
@@ -78,6 +86,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             msg = "unknown field (check its spelling; `kubectl explain compiledmodel.spec` lists fields)"
         elif e["type"] == "string_type" and isinstance(e.get("input"), bool | int | float):
             msg = _quote_hint(loc, e["input"])
+        elif e["type"] in ("model_type", "dict_type"):
+            msg = _mapping_hint(loc, e.get("input"))
         lines.append(f"  - {_field_path(loc) or '(document)'}: {msg}")
     return "\n".join(lines)
 
@@ -97,7 +107,9 @@ def parse_manifest(doc: Any, source: str = "manifest") -> CompiledModel:
         raise ManifestError(format_validation_error(err, source)) from None
 
 
-_TORCH_FILES = {".pt": "TorchScript", ".pth": "TorchScript", ".ts": "TorchScript"}
+# .pt and .pth hold TorchScript or a torch.save pickle alike; loading one tells which.
+_TORCH_FILES = {".pt": "PyTorch (TorchScript or torch.save)", ".pth": "PyTorch (TorchScript or torch.save)"}
+_TORCH_FILES[".ts"] = "TorchScript"
 
 
 def _binary_hint(p: Path) -> str:

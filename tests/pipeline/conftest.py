@@ -121,6 +121,46 @@ def torchscript_onnx(
     return path
 
 
+def contrib_attention_request(tmp_path: Path, backend: str, **options: str) -> Any:
+    """A compile request for a graph with ONNX Runtime's com.microsoft Attention, as its transformer
+    optimizer writes it into BERT exports (one fused node per layer): ONNX Runtime runs it (the
+    reference), other compilers may not know it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kompile.api.spec import Target
+    from kompile.compile_jobs.build import compile_request
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((16, 48)).astype(np.float32), "qkv_weight"),
+        numpy_helper.from_array(rng.standard_normal(48).astype(np.float32), "qkv_bias"),
+        # Each sequence's length: the 1-D mask the optimizer's EmbedLayerNormalization hands on.
+        numpy_helper.from_array(np.array([8], np.int32), "mask_index"),
+    ]
+    node = helper.make_node(
+        "Attention",
+        ["input", "qkv_weight", "qkv_bias", "mask_index"],
+        ["output"],
+        domain="com.microsoft",
+        num_heads=2,
+    )
+    graph = helper.make_graph(
+        [node],
+        "main_graph",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 16])],
+        initializer=weights,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    path = tmp_path / "attention.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), path)
+    spec = InputSpec.model_validate({"name": "input", "shape": [1, 8, 16]})
+    target = Target(name=f"cpu-{backend}", backend=backend, options=options or None)
+    feed = {"input": rng.standard_normal((1, 8, 16)).astype(np.float32)}
+    return compile_request(target, onnx_path=path, out_dir=tmp_path, signature=[spec], feeds=[feed])
+
+
 def bert_tiny_case(
     out: Path, seq: int = 16, batch: int = 2, samples: int = 4
 ) -> tuple[Any, Path, list[Any], list[Any]]:

@@ -29,6 +29,7 @@ from tests.pipeline.conftest import (
     build_and_compare,
     cnn_feeds,
     compile_for_a_stood_in_gpu,
+    contrib_attention_request,
     require_environment,
     run_in_environment,
     torchscript_onnx,
@@ -646,6 +647,19 @@ def test_an_op_tvm_cannot_import_is_named(tmp_path: Path, monkeypatch: pytest.Mo
         BackendError, match="TVM has no conversion for the ONNX op Det; replace that construct in the model"
     ):
         get_backend("tvm").compile(request)
+
+
+def test_an_op_tvms_frontend_asserts_on_is_named_with_its_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TVM's converter for com.microsoft Attention fails an assert: before, the environment crashed
+    # and its traceback reached the user as EnvironmentFailed.
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "db"))
+    request = contrib_attention_request(tmp_path, "tvm", tuningTrials="0")
+    with pytest.raises(BackendError) as info:
+        get_backend("tvm").compile(request)
+    message = str(info.value)
+    assert "Attention (com.microsoft, node" in message and "Traceback" not in message, message
 
 
 def test_a_corrupt_library_is_refused_saying_to_rebuild_it(tmp_path: Path) -> None:

@@ -94,6 +94,16 @@ def test_defaults_fill_in() -> None:
             "spec",
             "duplicate",
         ),
+        (  # a backend named where an object is expected: the message shows how to write it
+            lambda d: d["spec"]["targets"][0].update(backend="auto", candidates=["onnxruntime", "openvino"]),
+            "spec.targets[0].candidates[0]",
+            "a mapping, not the string 'onnxruntime': write {backend: onnxruntime}",
+        ),
+        (
+            lambda d: d["spec"].update(benchmark="fast"),
+            "spec.benchmark",
+            "a mapping, not the string 'fast'",
+        ),
     ],
 )
 def test_invalid_manifest_names_the_field(mutate, field: str, phrase: str) -> None:  # type: ignore[no-untyped-def]

@@ -58,3 +58,29 @@ def fix_input_dims(model: Any, shapes: Mapping[str, Sequence[int]]) -> None:
             for dim, size in zip(dims, shape, strict=True):
                 dim.Clear()
                 dim.dim_value = int(size)
+
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+def foreign_ops(model: Any) -> list[str]:
+    """`domain.op` for each op type of the ONNX `model`'s graph outside the standard ONNX domain,
+    sorted: another runtime's own ops (ONNX Runtime's transformer optimizer writes com.microsoft
+    Attention, SkipLayerNormalization, ...), which a compiler's importer may not know."""
+    return sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node if n.domain not in STANDARD_DOMAINS})
+
+
+def failing_onnx_node(err: BaseException) -> str | None:
+    """The ONNX node a frontend was converting when it raised `err`: the innermost frame of its
+    traceback holding a `node` NodeProto (TVM's converter loop names it so), as `Op (domain, node
+    'name')`; None where no frame holds one."""
+    found = None
+    tb = err.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("node")
+        if hasattr(node, "op_type") and hasattr(node, "domain"):
+            found = node
+        tb = tb.tb_next
+    if found is None:
+        return None
+    return f"{found.op_type} ({found.domain or 'ai.onnx'}, node {found.name!r})"

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.env_protocol import StepFailed
-from kompile.compile_jobs.envs import PROTOBUF_LIMIT, FeedCache, fix_input_dims, write_arrays
+from kompile.compile_jobs.envs import PROTOBUF_LIMIT, FeedCache, fix_input_dims, foreign_ops, write_arrays
 
 Array = np.ndarray[Any, Any]
 ENTRY_FUNCTION = "main_graph"
@@ -64,6 +64,14 @@ def static_model(path: Path, shapes: dict[str, list[int]], scratch: Path) -> Any
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
+    foreign = foreign_ops(model)
+    if foreign:
+        # Its importer types their outputs as none, and iree-compile then blames the op after them.
+        raise StepFailed(
+            f"IREE's ONNX importer takes standard ONNX ops only, and the model has {', '.join(foreign)}: "
+            "ops of another runtime (ONNX Runtime's transformer optimizer writes com.microsoft ones); "
+            "compile the model as exported, before such an optimization, or use onnxruntime"
+        )
     try:
         fix_input_dims(model, shapes)
     except ValueError as err:

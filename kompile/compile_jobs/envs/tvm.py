@@ -41,6 +41,7 @@ import numpy as np
 from kompile.compile_jobs.env_protocol import StepFailed, progress
 from kompile.compile_jobs.envs import (
     FeedCache,
+    failing_onnx_node,
     read_arrays,
     tvm_cuda,
     tvm_inmodel,
@@ -83,8 +84,12 @@ def import_onnx(path: str, shapes: list[tuple[int, ...]]) -> Any:
         raise StepFailed(f"the ONNX export has inputs {inputs}, the example {len(shapes)} arrays")
     try:
         mod = from_onnx(model, shape_dict=dict(zip(inputs, [list(s) for s in shapes], strict=True)))
-    except (NotImplementedError, KeyError, ValueError, TypeError, AttributeError) as err:
-        text = _first_line(err)
+    # Its converters also assert on what they do not support (AssertionError) and index what
+    # they expected to find: every failure here is a conversion failure, named with its node.
+    except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, AssertionError, IndexError) as err:
+        # A Python assert's message is all of it; a C++ error's is its last line.
+        text = " ".join(str(err).split()) if isinstance(err, AssertionError) else _first_line(err)
+        text = text or type(err).__name__
         # "The following operators are not supported for frontend ONNX: Det, ...": name the ops as
         # the other backends do, with what to change.
         missing = re.search(r"not supported for frontend ONNX: (.+)", text)
@@ -95,7 +100,12 @@ def import_onnx(path: str, shapes: list[tuple[int, ...]]) -> Any:
                 f"TVM has no conversion for the ONNX {what}; replace that construct in the model or "
                 "build it with another backend"
             ) from err
-        raise StepFailed(f"TVM's Relax ONNX frontend could not import the model: {text}") from err
+        node = failing_onnx_node(err)
+        where = f" at the ONNX op {node}" if node else ""
+        raise StepFailed(
+            f"TVM's Relax ONNX frontend could not import the model{where}: {text}; replace that "
+            "construct in the model or build it with another backend"
+        ) from err
     mod = relax.transform.DecomposeOpsForInference()(mod)
     return relax.transform.CanonicalizeBindings()(mod)
 
