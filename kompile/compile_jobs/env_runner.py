@@ -5,7 +5,7 @@ serves requests (kompile.compile_jobs.env_protocol) with the steps of
 Standard library only here (the steps module brings the environment's packages): it runs under
 that environment's packages, not the project's. A step raises StepFailed for a failure the user
 can act on (answered with ok false); anything else is a crash: the traceback goes to stderr and
-the process exits, and the pipeline reports the stderr tail (EnvironmentFailed).
+the process exits, and the pipeline reports its error line and keeps its stderr (EnvironmentFailed).
 """
 
 from __future__ import annotations

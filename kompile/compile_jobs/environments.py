@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import weakref
@@ -32,7 +34,9 @@ COMPLETE = ".complete"
 ENVS_DIR = "KOMPILE_ENVS_DIR"
 """A folder holding environments by name (`<dir>/<name>`): the compile-envs image's, which carries
 every environment, for targets whose candidates need several."""
-TAIL_LINES, TAIL_CHARS = 6, 500
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Exit)\b.*|^Fatal Python error: .*")
+"""A line of stderr that states what went wrong: a Python exception's last line (unindented) or
+the interpreter's own fatal error (a segfault in a library)."""
 
 
 class EnvironmentMissing(BackendError):
@@ -127,6 +131,13 @@ def _kompile_only_path(scratch: Path) -> Path:
     return holder
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name  # SIGKILL: the kernel's OOM killer, most often
+    except ValueError:
+        return f"signal {number}"
+
+
 class EnvProcess:
     """Environment `name`'s python serving requests until closed (or garbage collected)."""
 
@@ -176,20 +187,29 @@ class EnvProcess:
             line = ""
         if not line:
             code = self.proc.wait()
+            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
             raise EnvironmentFailed(
-                f"the {self.name} environment's process exited with code {code} during "
-                f"{request.get('op')}: {self.stderr_tail()}"
+                f"the {self.name} environment's process {how} during {request.get('op')}: "
+                f"{self.stderr_error()} (its stderr is kept in {self.keep_log()})"
             )
         if not reply.get("ok"):
             raise BackendError(str(reply.get("error")))
         return reply
 
-    def stderr_tail(self) -> str:
-        """The last lines of the process's stderr (a traceback's last frames and its error)."""
+    def stderr_error(self) -> str:
+        """What the process's stderr says went wrong: its last error line, not a traceback's frames
+        (those are for a bug report: keep_log); else its last line."""
         self._log.flush()
-        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        text = "\n".join(lines[-TAIL_LINES:])
-        return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]
+        lines = [ln.rstrip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        found = next((ln for ln in reversed(lines) if _ERROR_LINE.match(ln)), lines[-1] if lines else "")
+        return found[:500] or "no output on stderr"
+
+    def keep_log(self) -> Path:
+        """A copy of the process's stderr that outlives its scratch folder."""
+        fd, kept = tempfile.mkstemp(prefix=f"kompile-{self.name}-env-", suffix=".log")
+        os.close(fd)
+        shutil.copyfile(self.log_path, kept)
+        return Path(kept)
 
     def close(self) -> None:
         self._finalizer()

@@ -2,7 +2,7 @@
 starts the environment's python on kompile.compile_jobs.env_runner and talks JSON lines with it.
 Stand-in environments here: one whose python is the project venv's (it lacks LiteRT, so loading a
 model crashes the process), and one whose python dies at once. A step's own failure is a
-BackendError with its message; a dead process is EnvironmentFailed with its stderr tail; in a run,
+BackendError with its message; a dead process is EnvironmentFailed with its error line; in a run,
 each becomes the candidate's reason, never a traceback."""
 
 from __future__ import annotations
@@ -49,14 +49,21 @@ def test_a_step_failure_comes_back_as_its_message(project_python_env: Path) -> N
             env.call({"op": "run", "feeds": "x.npz", "out": ""})
 
 
-def test_a_crash_is_environment_failed_with_the_stderr_tail(project_python_env: Path, tmp_path: Path) -> None:
+def test_a_crash_is_environment_failed_with_its_error_and_a_kept_log(
+    project_python_env: Path, tmp_path: Path
+) -> None:
     env = EnvProcess("litert")
-    with pytest.raises(
-        EnvironmentFailed, match=r"(?s)exited with code 1 during load: .*No module named 'ai_edge_litert'"
-    ):
+    with pytest.raises(EnvironmentFailed) as info:
         env.call({"op": "load", "model": str(tmp_path / "m.tflite"), "threads": 1})
     env.close()
     assert not env.scratch.exists()  # the process's scratch (feeds, stderr log) goes with it
+    message = str(info.value)
+    # The error itself, not the traceback's frames: the whole stderr is kept for a bug report.
+    assert "exited with code 1 during load: ModuleNotFoundError: No module named 'ai_edge_litert'" in message
+    assert "Traceback" not in message and 'File "' not in message, message
+    kept = Path(message.rsplit("its stderr is kept in ", 1)[1].rstrip(")"))
+    assert "Traceback (most recent call last)" in kept.read_text()
+    kept.unlink()
 
 
 def test_an_environment_process_dies_with_the_process_that_started_it(
@@ -117,6 +124,18 @@ def test_an_environment_that_cannot_start_says_why(tmp_path: Path, monkeypatch: 
     with (
         EnvProcess("litert") as env,
         pytest.raises(EnvironmentFailed, match=r"code 127 during load: libpython3.11.so: cannot open"),
+    ):
+        env.call({"op": "load", "model": "m.tflite", "threads": 1})
+
+
+def test_a_process_the_kernel_kills_is_named_by_its_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stands in for the OOM killer: the process gets SIGKILL, with nothing on its stderr.
+    monkeypatch.setenv("KOMPILE_ENV_LITERT", str(_env(tmp_path / "killed", "kill -KILL $$")))
+    with (
+        EnvProcess("litert") as env,
+        pytest.raises(EnvironmentFailed, match=r"was killed by SIGKILL during load: no output on stderr"),
     ):
         env.call({"op": "load", "model": "m.tflite", "threads": 1})
 
