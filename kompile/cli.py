@@ -60,7 +60,10 @@ BackendOption = Annotated[str, typer.Option(help="Model files: the fleet's backe
 
 @app.command()
 def run(
-    manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file, or a model file (.onnx, .pt2).")],
+    manifest: Annotated[
+        Path,
+        typer.Argument(help="CompiledModel YAML file, or a model: .onnx, .pt2, a Hugging Face model folder."),
+    ],
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the status document (CRD status shape) on stdout.")
     ] = False,
@@ -143,7 +146,7 @@ def _starter_manifest(
     from kompile.compile_jobs.source_files import SourceError
     from kompile.starter import StarterError, StarterOptions, commented_yaml, manifest_for, parse_dim
 
-    if not model.is_file():
+    if not model.exists():
         raise _fail(f"{model}: no such file")
     try:
         opts = StarterOptions(
@@ -161,7 +164,7 @@ def _starter_manifest(
 
 @app.command()
 def init(
-    model: Annotated[Path, typer.Argument(help="Model file (.onnx or .pt2).")],
+    model: Annotated[Path, typer.Argument(help="Model file (.onnx or .pt2) or Hugging Face model folder.")],
     out: Annotated[
         Path | None, typer.Option(help="Manifest to write; default: MODEL's name with .yaml.")
     ] = None,
@@ -171,10 +174,10 @@ def init(
     name: Annotated[str | None, typer.Option(help="metadata.name; default: from the file name.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite OUT if it exists.")] = False,
 ) -> None:
-    """Write a commented CompiledModel manifest for a model file, ready to run or kubectl apply."""
+    """Write a commented CompiledModel manifest for a model file or folder, ready to run or kubectl apply."""
     import os
 
-    path = out or model.with_suffix(".yaml")
+    path = out or (model.parent / f"{model.name}.yaml" if model.is_dir() else model.with_suffix(".yaml"))
     if path.exists() and not force:
         raise _fail(f"{path} exists: pass --force to overwrite it, or --out another file")
     source = Path(os.path.relpath(model.resolve(), path.resolve().parent)).as_posix()

@@ -31,7 +31,16 @@ class StarterOptions:
 
 
 def is_model_file(path: Path) -> bool:
-    return path.suffix.lower() in SUFFIXES
+    """An .onnx or .pt2 file, or a Hugging Face model folder (config.json beside the weights)."""
+    from kompile.compile_jobs.huggingface import is_model_folder
+
+    return path.suffix.lower() in SUFFIXES or is_model_folder(path)
+
+
+def model_format(path: Path) -> str | None:
+    from kompile.compile_jobs.huggingface import is_model_folder
+
+    return "huggingface" if is_model_folder(path) else SUFFIXES.get(path.suffix.lower())
 
 
 def parse_dim(text: str) -> tuple[str, tuple[int, int, int]]:
@@ -59,9 +68,11 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
     """The CompiledModel document for `model`, its source named `source_uri`."""
     from kompile.compile_jobs.signature import input_specs, read_signature
 
-    fmt = SUFFIXES.get(model.suffix.lower())
+    fmt = model_format(model)
     if fmt is None:
-        raise StarterError(f"{model}: kompile writes manifests for .onnx and .pt2 files")
+        raise StarterError(
+            f"{model}: kompile writes manifests for .onnx and .pt2 files and Hugging Face model folders"
+        )
     inputs = read_signature(model, fmt)
     known = {s.name for i in inputs for s in i.shape if not isinstance(s, int)}
     unknown = sorted(set(opts.dims) - known)
@@ -76,7 +87,7 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": opts.name or _dns_name(model.stem)},
+        "metadata": {"name": opts.name or _dns_name(model.name if fmt == "huggingface" else model.stem)},
         "spec": {
             "source": {"uri": source_uri},
             "inputs": input_specs(inputs, opts.dims),
@@ -94,7 +105,7 @@ def _block(doc: dict[str, Any], indent: int = 0) -> str:
 def commented_yaml(doc: dict[str, Any], model: Path) -> str:
     """The manifest with comments that say where each part came from and what to change."""
     spec = doc["spec"]
-    guessed = [d["name"] for i in spec["inputs"] for d in i.get("dynamicDims", [])]
+    guessed = list(dict.fromkeys(d["name"] for i in spec["inputs"] for d in i.get("dynamicDims", [])))
     out = [
         f"# CompiledModel for {model.name}, written by `kompile init`.",
         "#   here:        kompile run <this file>",
@@ -102,7 +113,7 @@ def commented_yaml(doc: dict[str, Any], model: Path) -> str:
         "#                compile Jobs: s3://bucket/key, models:/name/version or a path in the image)",
         _block({k: doc[k] for k in ("apiVersion", "kind", "metadata")}).rstrip(),
         "spec:",
-        "  # The model file, relative to this manifest.",
+        f"  # The model {'folder' if model.is_dir() else 'file'}, relative to this manifest.",
         _block({"source": spec["source"]}, 2).rstrip(),
         "  # Read from the model file. -1 marks a dynamic dimension; its range (min, opt, max) is the",
         "  # model's own where it records one, else a guess"

@@ -69,6 +69,8 @@ def _quote_hint(loc: tuple[int | str, ...], value: bool | int | float) -> str:
 
 
 def _mapping_hint(loc: tuple[int | str, ...], value: Any) -> str:
+    if value is None:  # `validation:` with nothing under it
+        return "empty (the key has no value): give it its fields, or delete the key"
     got = f"the string {value!r}" if isinstance(value, str) else f"a {type(value).__name__}"
     msg = f"expected a mapping, not {got}"
     if isinstance(value, str) and "candidates" in loc:  # a backend named where its object goes
@@ -113,6 +115,13 @@ _TORCH_FILES[".ts"] = "TorchScript"
 
 
 def _binary_hint(p: Path) -> str:
+    if p.suffix.lower() == ".safetensors" or (p.name.startswith("pytorch_model") and p.suffix == ".bin"):
+        return (
+            f"{p}: not a YAML manifest but model weights, without the model's code: pass the folder "
+            "that holds them with config.json (a Hugging Face model folder: kompile run "
+            f"{p.parent.name or '.'}), or write a manifest whose spec.source.uri is that folder or "
+            "python://your_module:factory, a function that builds the model and loads them"
+        )
     kind = _TORCH_FILES.get(p.suffix.lower())
     if kind is None:
         return f"{p}: not a YAML manifest (binary content); pass a CompiledModel manifest or a model file"
@@ -126,6 +135,16 @@ def _binary_hint(p: Path) -> str:
 def load_manifest(path: str | Path) -> CompiledModel:
     """Read a YAML file holding one CompiledModel document."""
     p = Path(path)
+    if p.is_dir() and (p / "config.json").is_file():
+        raise ManifestError(
+            f"{p}: a Hugging Face model folder, not a manifest: `kompile run {p}` compiles it, "
+            f"`kompile init {p}` writes its manifest"
+        )
+    if p.is_dir():
+        raise ManifestError(
+            f"{p}: a folder without config.json: pass a CompiledModel manifest, a model file (.onnx, "
+            ".pt2) or a Hugging Face model folder (config.json beside its weights)"
+        )
     if not p.is_file():
         raise ManifestError(f"{p}: no such manifest file")
     try:

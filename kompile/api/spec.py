@@ -65,7 +65,8 @@ class Source(ApiModel):
 
     uri: str = Field(
         description=(
-            "Location of the trained model: a local path, file://, s3://bucket/key, an MLflow model "
+            "Location of the trained model: a local path (a file or a Hugging Face model folder), "
+            "file://, s3://bucket/key, an MLflow model "
             "(models:/name/version or runs:/run-id/path) or python://package.module:factory for a "
             "factory that returns an nn.Module."
         ),
@@ -77,7 +78,8 @@ class Source(ApiModel):
         default="auto",
         description=(
             "Format of the source: pt2 (torch.export archive), torchscript (.pt), onnx, mlflow, "
-            "python, or auto to infer it from the URI."
+            "python, huggingface (a local model folder: config.json beside its weights), or auto to "
+            "infer it from the URI."
         ),
     )
     digest: str | None = Field(

@@ -39,6 +39,9 @@ class Input:
     name: str
     dtype: str
     shape: list[int | Dim]
+    low: int | None = None
+    high: int | None = None
+    """Integer inputs: the reference values' range [low, high) where the model says (a vocabulary)."""
 
 
 def default_range(name: str, axis: int) -> tuple[int, int, int]:
@@ -62,9 +65,22 @@ def read_signature(path: Path, fmt: str) -> list[Input]:
         return _onnx_inputs(path)
     if fmt == "pt2":
         return _pt2_inputs(path)
+    if fmt == "huggingface":
+        return _folder_inputs(path)
     raise SourceError(
-        f"{path}: kompile reads signatures from .onnx and .pt2 files; write spec.inputs by hand"
+        f"{path}: kompile reads signatures from .onnx and .pt2 files and Hugging Face model folders; "
+        "write spec.inputs by hand"
     )
+
+
+def _folder_inputs(path: Path) -> list[Input]:
+    from kompile.compile_jobs import huggingface
+
+    out: list[Input] = []
+    for doc in huggingface.signature(path):
+        shape = [s if isinstance(s, int) else Dim(s[0], None, s[1]) for s in doc["shape"]]
+        out.append(Input(doc["name"], doc["dtype"], shape, doc.get("low"), doc.get("high")))
+    return out
 
 
 def _onnx_inputs(path: Path) -> list[Input]:
@@ -151,7 +167,9 @@ def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]])
         }
         if dims:
             doc["dynamicDims"] = dims
-        if item.dtype in ("int64", "int32"):
+        if item.low is not None and item.high is not None:
+            doc |= {"low": item.low, "high": item.high}
+        elif item.dtype in ("int64", "int32"):
             # Token ids and such: stay in a small vocabulary unless told otherwise.
             doc |= {"low": 0, "high": 100}
         docs.append(doc)

@@ -2,7 +2,8 @@
 
 Supported: a local path or file://, s3:// (boto3; endpoint from the manifest or AWS_ENDPOINT_URL),
 MLflow models (models:/name/version, runs:/id/path), and python://module:factory. Formats: .pt2
-(torch.export archive), .pt/.pth (TorchScript), .onnx, an MLflow model folder, a Python factory.
+(torch.export archive), .pt/.pth (TorchScript), .onnx, an MLflow model folder, a Hugging Face model
+folder (local), a Python factory.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kompile.api.spec import Source
-from kompile.compile_jobs import source_files
+from kompile.compile_jobs import huggingface, source_files
 from kompile.compile_jobs.source_files import SourceError as SourceError  # re-exported
 
 _SUFFIX_FORMATS = {
@@ -255,6 +256,17 @@ def load_source(
     tracking_uri: str | None = None,
 ) -> LoadedSource:
     """Fetch, digest and load the manifest's source."""
+    folder = _local_folder(source.uri, base_dir)
+    if (
+        folder is not None
+        and huggingface.is_model_folder(folder)
+        and source.format in ("auto", "huggingface")
+    ):
+        module = huggingface.load(folder)
+        loaded = LoadedSource(source.uri, "huggingface", sha256_tree(folder), module=module)
+        return _check_digest(source, loaded)
+    if source.format == "huggingface" or folder is not None:
+        raise SourceError(_not_a_model_folder(source.uri, folder))
     fmt = detect_format(source.uri) if source.format == "auto" else source.format
     if fmt == "python":
         module, digest = _load_python(source.uri, base_dir)
@@ -273,9 +285,37 @@ def load_source(
         else:
             module, program = _load_torch_file(path, fmt)
             loaded = LoadedSource(source.uri, fmt, sha256_file(path), module=module, exported=program)
+    return _check_digest(source, loaded)
+
+
+def _check_digest(source: Source, loaded: LoadedSource) -> LoadedSource:
     if source.digest and source.digest != loaded.digest:
         raise SourceError(
             f"spec.source.digest is {source.digest} but the source's sha256 is {loaded.digest}: "
             "the model changed; update the digest or point at the intended file"
         )
     return loaded
+
+
+def _local_folder(uri: str, base_dir: Path) -> Path | None:
+    """The folder a local or file:// URI names, or None (a file, a remote URI, nothing there)."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    path = Path(parsed.path) if parsed.scheme == "file" else Path(uri)
+    path = path if path.is_absolute() else base_dir / path
+    return path if path.is_dir() else None
+
+
+def _not_a_model_folder(uri: str, folder: Path | None) -> str:
+    if folder is None:
+        return (
+            f"spec.source.uri {uri!r}: format huggingface reads a local model folder (config.json beside "
+            "model.safetensors), in the compile image on a cluster; from s3:// export the model to ONNX "
+            "(optimum-cli export onnx) and point at the .onnx file"
+        )
+    return (
+        f"spec.source.uri {uri!r}: {folder} is a folder without config.json: kompile takes a Hugging Face "
+        "model folder (config.json beside its weights, as save_pretrained writes it) or one model file "
+        "(.onnx, .pt2, .pt) in it"
+    )

