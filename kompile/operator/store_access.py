@@ -43,8 +43,8 @@ class StoreUnavailable(RuntimeError):
 def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, image: str | None = None) -> str:
     """The source's identity for the cache key, without reading the model (no torch here): its
     digest when the spec pins one; for s3:// the object's ETag and size, so a model overwritten in
-    place is compiled again; for python:// the compile image too, since the factory's code ships
-    in it; else the URI."""
+    place is compiled again; for python:// and a path (file://, a model file or folder) the
+    compile image too, since the factory's code or the model ships in it; else the URI."""
     src = cm.spec.source
     if src.digest:
         return src.digest
@@ -54,7 +54,7 @@ def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, imag
         tag = store_call(src.uri, store, lambda: object_version(src.uri, store.endpoint, store.credentials))
         if tag:
             return f"s3:{src.uri}@{tag}" + _external_data_versions(src.uri, tag, store)
-    if src.uri.startswith("python://") and image:
+    if image and (src.uri.startswith(("python://", "file://")) or ":/" not in src.uri):
         return f"uri:{src.uri}@{image}"
     return f"uri:{src.uri}"
 
