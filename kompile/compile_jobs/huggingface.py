@@ -75,6 +75,20 @@ def _offline() -> Iterator[None]:
             os.environ["HF_HUB_OFFLINE"] = before
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' own "Loading weights" bar, which would cut into kompile's progress lines."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def model_class(config: dict[str, Any]) -> Any:
     """The transformers class config.json names, else AutoModel (the bare encoder or decoder)."""
     names = config.get("architectures") or []
@@ -86,12 +100,18 @@ def model_class(config: dict[str, Any]) -> Any:
 
 
 def load(folder: Path) -> Any:
-    """The model in eval mode, with eager attention (what the ONNX exporters trace exactly)."""
+    """The model in eval mode and float32, with eager attention (what the ONNX exporters trace
+    exactly). transformers 5 loads a checkpoint in its saved dtype: a bf16 one would make the
+    reference and the export bf16, where every target's precision starts from fp32."""
+    import torch
+
     config = check_folder(folder)
     cls = model_class(config)
     try:
-        with _offline():
-            model = cls.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
+        with _offline(), _no_progress_bar():
+            model = cls.from_pretrained(
+                str(folder), local_files_only=True, attn_implementation="eager", dtype=torch.float32
+            )
     except (OSError, ValueError, ImportError, KeyError, RuntimeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise SourceError(f"{folder}: transformers cannot load it as {cls.__name__}: {first}") from None
