@@ -106,6 +106,7 @@ def commented_yaml(doc: dict[str, Any], model: Path) -> str:
     """The manifest with comments that say where each part came from and what to change."""
     spec = doc["spec"]
     guessed = list(dict.fromkeys(d["name"] for i in spec["inputs"] for d in i.get("dynamicDims", [])))
+    folder = model.is_dir()
     out = [
         f"# CompiledModel for {model.name}, written by `kompile init`.",
         "#   here:        kompile run <this file>",
@@ -113,12 +114,15 @@ def commented_yaml(doc: dict[str, Any], model: Path) -> str:
         "#                compile Jobs: s3://bucket/key, models:/name/version or a path in the image)",
         _block({k: doc[k] for k in ("apiVersion", "kind", "metadata")}).rstrip(),
         "spec:",
-        f"  # The model {'folder' if model.is_dir() else 'file'}, relative to this manifest.",
+        f"  # The model {'folder' if folder else 'file'}, relative to this manifest.",
         _block({"source": spec["source"]}, 2).rstrip(),
-        "  # Read from the model file. -1 marks a dynamic dimension; its range (min, opt, max) is the",
-        "  # model's own where it records one, else a guess"
+        "  # Read from the model "
+        + ("folder (its tokenizer and config.json)" if folder else "file")
+        + ". -1 marks a dynamic dimension;",
+        "  # its range (min, opt, max) is the model's own where it records one, else a guess"
         + (f" ({', '.join(guessed)})" if guessed else "")
-        + ": set it to the sizes you serve.",
+        + ":",
+        "  # set it to the sizes you serve.",
         "  # Integer inputs get reference values in [low, high): token ids need high <= vocabulary size.",
         _block({"inputs": spec["inputs"]}, 2).rstrip(),
         "  # One target per hardware class of the fleet and per precision; backend auto compiles every",
