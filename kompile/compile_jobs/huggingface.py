@@ -158,11 +158,20 @@ def _text_signature(folder: Path, config: dict[str, Any], cls: Any) -> list[dict
     named = _tokenizer_inputs(folder) or ["input_ids", "attention_mask"]
     try:
         params = list(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):  # AutoModel: its class is chosen at load
         params = list(_TEXT_INPUTS)
     order = [p for p in params if p in named and p in _TEXT_INPUTS] or ["input_ids"]
-    longest = min(int(config.get("max_position_embeddings") or MAX_SEQUENCE), MAX_SEQUENCE)
-    vocab = int(config.get("vocab_size") or 100)
+    # Through transformers' config: it maps each family's own key (GPT-2's n_positions) to these.
+    try:
+        with _offline():
+            from transformers import AutoConfig
+
+            resolved = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        resolved = None
+    positions = getattr(resolved, "max_position_embeddings", None) or config.get("max_position_embeddings")
+    longest = min(int(positions or MAX_SEQUENCE), MAX_SEQUENCE)
+    vocab = int(getattr(resolved, "vocab_size", None) or config.get("vocab_size") or 100)
     ranges = {"input_ids": (0, vocab), "attention_mask": (1, 2), "token_type_ids": (0, 1)}
     return [
         {

@@ -73,6 +73,23 @@ def test_a_vision_folder_gets_pixel_values_from_its_config(tmp_path: Path) -> No
     assert doc["spec"]["source"]["uri"] == "vit"
 
 
+def test_a_decoder_without_architectures_or_tokenizer_reads_its_family_keys(tmp_path: Path) -> None:
+    # GPT-2 names its context n_positions; with no architectures entry the class is AutoModel's pick.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=500, n_positions=64)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt")
+    doc = json.loads((tmp_path / "gpt" / "config.json").read_text())
+    del doc["architectures"]
+    (tmp_path / "gpt" / "config.json").write_text(json.dumps(doc))
+    code, _, err = _cli("init", str(tmp_path / "gpt"))
+    assert code == 0, err
+    inputs = yaml.safe_load((tmp_path / "gpt.yaml").read_text())["spec"]["inputs"]
+    assert [i["name"] for i in inputs] == ["input_ids", "attention_mask"]
+    assert inputs[0]["high"] == 500
+    assert inputs[0]["dynamicDims"][1] == {"axis": 1, "name": "sequence", "min": 1, "opt": 64, "max": 64}
+
+
 def test_a_bf16_checkpoint_is_loaded_as_fp32(tmp_path: Path) -> None:
     # transformers 5 loads a checkpoint in the dtype it was saved in; every target starts from fp32.
     import torch
