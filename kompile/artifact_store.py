@@ -276,16 +276,38 @@ def file_sizes(
             return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
         except OSError as err:
             raise StoreError(f"listing of {uri} failed: {err.strerror or type(err).__name__}") from None
+    return {name: size for name, (size, _) in _s3_listing(uri, endpoint, credentials).items()}
+
+
+def _s3_listing(
+    uri: str, endpoint: str | None, credentials: Credentials | None
+) -> dict[str, tuple[int, str]]:
+    """Every object under the S3 folder `uri`, by key relative to it, with its size and ETag."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     loc = _s3(uri)
     prefix = loc.key.rstrip("/") + "/"
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, str]] = {}
     try:
         pages = s3_client(endpoint, credentials).get_paginator("list_objects_v2")
         for page in pages.paginate(Bucket=loc.bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
-                out[str(obj["Key"])[len(prefix) :]] = int(obj["Size"])
+                etag = str(obj.get("ETag", "")).strip('"')
+                out[str(obj["Key"])[len(prefix) :]] = (int(obj["Size"]), etag)
     except (BotoCoreError, ClientError) as err:
         raise _s3_error("listing of", uri, err) from None
     return out
+
+
+def folder_version(
+    uri: str, endpoint: str | None = None, credentials: Credentials | None = None
+) -> str | None:
+    """A digest of an S3 folder's listing (each object's key, ETag and size): it changes when any
+    file under it is added, removed or overwritten; None when the folder is empty or not S3."""
+    if not is_s3(uri):
+        return None
+    listing = _s3_listing(uri, endpoint, credentials)
+    if not listing:
+        return None
+    lines = "".join(f"{name}\0{etag}\0{size}\n" for name, (size, etag) in sorted(listing.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()[:32]

@@ -78,8 +78,9 @@ class Source(ApiModel):
         default="auto",
         description=(
             "Format of the source: pt2 (torch.export archive), torchscript (.pt), onnx, mlflow, "
-            "python, huggingface (a local model folder: config.json beside its weights), or auto to "
-            "infer it from the URI."
+            "python, huggingface (a model folder: config.json beside its weights; local, in the "
+            "compile image, or s3://bucket/prefix/), or auto to infer it from the URI (a folder: "
+            "detected locally, on S3 by the trailing /)."
         ),
     )
     digest: str | None = Field(
@@ -91,6 +92,12 @@ class Source(ApiModel):
         ),
         pattern=r"^sha256:[0-9a-f]{64}$",
     )
+
+    @property
+    def s3_folder(self) -> bool:
+        """An s3:// source naming a folder (a Hugging Face model folder): format huggingface, or a
+        URI ending in /."""
+        return self.uri.startswith("s3://") and (self.format == "huggingface" or self.uri.endswith("/"))
 
 
 class DynamicDim(ApiModel):

@@ -71,7 +71,8 @@ def detect_format(uri: str) -> str:
         return _SUFFIX_FORMATS[suffix]
     raise SourceError(
         f"spec.source.uri {uri!r}: cannot tell the format from the file name; name a .pt2, .pt, "
-        ".onnx file or set spec.source.format (pt2, torchscript, onnx, mlflow, python)"
+        ".onnx file or a model folder (on S3 ending in /), or set spec.source.format (pt2, "
+        "torchscript, onnx, mlflow, python, huggingface)"
     )
 
 
@@ -256,7 +257,11 @@ def load_source(
     tracking_uri: str | None = None,
 ) -> LoadedSource:
     """Fetch, digest and load the manifest's source."""
-    folder = _local_folder(source.uri, base_dir)
+    folder = (
+        _fetch_s3_folder(source.uri, cache_dir, s3_endpoint)
+        if source.s3_folder
+        else _local_folder(source.uri, base_dir)
+    )
     if (
         folder is not None
         and huggingface.is_model_folder(folder)
@@ -307,12 +312,36 @@ def _local_folder(uri: str, base_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def _fetch_s3_folder(uri: str, cache_dir: Path, endpoint: str | None) -> Path:
+    """Every object under the s3:// folder `uri`, downloaded into a fresh copy in cache_dir (a file
+    deleted from the bucket must not linger in the digest)."""
+    import shutil
+
+    from kompile.artifact_store import StoreError, file_sizes
+
+    parsed = urlparse(uri)
+    prefix = parsed.path.strip("/")
+    try:
+        names = sorted(file_sizes(uri, endpoint))
+    except StoreError as err:
+        raise SourceError(f"spec.source.uri {uri}: cannot list the folder: {err}") from None
+    if not names:
+        raise SourceError(
+            f"spec.source.uri {uri}: no objects under this folder; upload the model folder there"
+        )
+    dest = cache_dir / "s3" / parsed.netloc / prefix
+    shutil.rmtree(dest, ignore_errors=True)
+    for name in names:
+        _fetch_s3(parsed.netloc, posixpath.join(prefix, name), cache_dir, endpoint)
+    return dest
+
+
 def _not_a_model_folder(uri: str, folder: Path | None) -> str:
     if folder is None:
         return (
-            f"spec.source.uri {uri!r}: format huggingface reads a local model folder (config.json beside "
-            "model.safetensors), in the compile image on a cluster; from s3:// export the model to ONNX "
-            "(optimum-cli export onnx) and point at the .onnx file"
+            f"spec.source.uri {uri!r}: format huggingface reads a model folder (config.json beside "
+            "model.safetensors): a local path, a path in the compile image, or an s3:// folder "
+            "(s3://bucket/models/my-bert/)"
         )
     return (
         f"spec.source.uri {uri!r}: {folder} is a folder without config.json: kompile takes a Hugging Face "

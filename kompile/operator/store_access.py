@@ -13,7 +13,15 @@ from kubernetes.client.exceptions import ApiException
 
 from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.resource import CompiledModel
-from kompile.artifact_store import StoreError, file_sizes, is_s3, join, object_version, read_bytes
+from kompile.artifact_store import (
+    StoreError,
+    file_sizes,
+    folder_version,
+    is_s3,
+    join,
+    object_version,
+    read_bytes,
+)
 from kompile.operator import tenancy
 from kompile.operator.kube import Kube
 from kompile.operator.outages import BREAKER
@@ -42,13 +50,20 @@ class StoreUnavailable(RuntimeError):
 
 def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, image: str | None = None) -> str:
     """The source's identity for the cache key, without reading the model (no torch here): its
-    digest when the spec pins one; for s3:// the object's ETag and size, so a model overwritten in
-    place is compiled again; for python:// and a path (file://, a model file or folder) the
-    compile image too, since the factory's code or the model ships in it; else the URI."""
+    digest when the spec pins one; for s3:// the object's ETag and size (for a model folder,
+    s3://.../, those of every object under it), so a model overwritten in place is compiled again;
+    for python:// and a path (file://, a model file or folder) the compile image too, since the
+    factory's code or the model ships in it; else the URI."""
     src = cm.spec.source
     if src.digest:
         return src.digest
-    if src.uri.startswith("s3://") and store is not None:
+    if src.s3_folder and store is not None:
+        listing = store_call(
+            src.uri, store, lambda: folder_version(src.uri, store.endpoint, store.credentials)
+        )
+        if listing:
+            return f"s3:{src.uri}@{listing}"
+    elif src.uri.startswith("s3://") and store is not None:
         # Unreadable raises StoreUnavailable: falling back to the URI would change the key (a new
         # Job under another prefix).
         tag = store_call(src.uri, store, lambda: object_version(src.uri, store.endpoint, store.credentials))

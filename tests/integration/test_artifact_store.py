@@ -301,14 +301,8 @@ def test_mlflow_checks_an_s3_source_only_for_relative_parts(
         client.create_model_version(name, source=f"s3://{STORE_BUCKET}/cm/../other")
 
 
-def test_an_overwritten_s3_source_changes_the_cache_fingerprint(store_root: str) -> None:
-    """The operator cannot read the model, but an S3 object's ETag and size change when it is
-    overwritten in place: the compile cache must not hand back the old model's artifact."""
-    from kompile.api import parse_manifest
-    from kompile.operator.store_access import StoreAccess, source_fingerprint
-
-    uri = join(store_root, "models", "m.onnx")
-    doc = {
+def _source_doc(uri: str) -> dict[str, Any]:
+    return {
         "apiVersion": "kompile.dev/v1alpha1",
         "kind": "CompiledModel",
         "metadata": {"name": "m"},
@@ -318,6 +312,16 @@ def test_an_overwritten_s3_source_changes_the_cache_fingerprint(store_root: str)
             "targets": [{"name": "cpu", "backend": "onnxruntime"}],
         },
     }
+
+
+def test_an_overwritten_s3_source_changes_the_cache_fingerprint(store_root: str) -> None:
+    """The operator cannot read the model, but an S3 object's ETag and size change when it is
+    overwritten in place: the compile cache must not hand back the old model's artifact."""
+    from kompile.api import parse_manifest
+    from kompile.operator.store_access import StoreAccess, source_fingerprint
+
+    uri = join(store_root, "models", "m.onnx")
+    doc = _source_doc(uri)
     cm = parse_manifest(doc)
     store = StoreAccess(endpoint=None, credentials=None)
     missing = source_fingerprint(cm, store)
@@ -339,6 +343,31 @@ def test_an_overwritten_s3_source_changes_the_cache_fingerprint(store_root: str)
         {**doc, "spec": {**doc["spec"], "source": {"uri": "python://models.small:small_cnn"}}}
     )
     assert source_fingerprint(python, store, "img:1") != source_fingerprint(python, store, "img:2")
+
+
+def test_a_model_folder_on_s3_changes_the_fingerprint_with_any_file_under_it(
+    s3_server: S3Server, s3_env: Any
+) -> None:
+    """A Hugging Face model folder (s3://.../minilm/): retrained weights under an unchanged
+    config.json, or a file added, are a new source; an untouched folder keeps its key. (A local
+    folder is one in the compile image, keyed by the image: tests/unit/test_source_fingerprint.py.)"""
+    from kompile.api import parse_manifest
+    from kompile.operator.store_access import StoreAccess, source_fingerprint
+
+    s3_server.create_bucket(STORE_BUCKET)
+    folder = f"s3://{STORE_BUCKET}/tests/{_unique()}/models/minilm/"
+    doc = _source_doc(folder)
+    cm = parse_manifest(doc)
+    store = StoreAccess(endpoint=None, credentials=None)
+    assert source_fingerprint(cm, store) == f"uri:{folder}"  # nothing there yet
+    write_bytes(folder + "config.json", b'{"architectures": ["BertModel"]}')
+    write_bytes(folder + "model.safetensors", b"weights v1")
+    first = source_fingerprint(cm, store)
+    assert first.startswith(f"s3:{folder}@") and source_fingerprint(cm, store) == first
+    write_bytes(folder + "model.safetensors", b"weights v2 (retrained)")
+    second = source_fingerprint(cm, store)
+    write_bytes(folder + "tokenizer.json", b"{}")
+    assert len({first, second, source_fingerprint(cm, store)}) == 3
 
 
 def test_a_cache_entry_is_served_only_with_every_file_it_names(

@@ -124,3 +124,49 @@ def test_a_config_without_weights_and_a_folder_without_config_say_what_is_missin
     (minilm_folder / "config.json").unlink()
     code, _, err = _cli("run", str(minilm_folder))
     assert code == 2 and "a folder without config.json" in err, err
+
+
+def test_an_s3_model_folder_is_fetched_whole_and_fresh(
+    minilm_folder: Path, tmp_path: Path, s3_server: Any, s3_env: Any
+) -> None:
+    from kompile.api.spec import Source
+    from kompile.compile_jobs.sources import load_source
+
+    bucket = "hf-folders"
+    s3_server.create_bucket(bucket)
+    client = s3_server.client()
+    files = [p for p in minilm_folder.rglob("*") if p.is_file()]
+    for f in files:
+        client.upload_file(str(f), bucket, f"models/minilm/{f.relative_to(minilm_folder).as_posix()}")
+    inputs = [
+        {"name": n, "dtype": "int64", "shape": [1, 16], "low": lo, "high": hi}
+        for n, lo, hi in (("input_ids", 0, 30522), ("attention_mask", 1, 2))
+    ]
+    doc = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "minilm"},
+        "spec": {
+            "source": {"uri": f"s3://{bucket}/models/minilm/"},
+            "inputs": inputs,
+            "targets": [{"name": "cpu", "backend": "onnxruntime", "precision": "fp32"}],
+            "registry": {"s3Endpoint": s3_server.endpoint},
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+            "validation": {"samples": 2},
+        },
+    }
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    code, out, err = _cli(
+        "run", str(manifest), "--json", "--work-dir", str(tmp_path / ".kompile"), "--no-register"
+    )
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["targets"][0]["phase"] == "Succeeded", status["targets"]
+    assert status["sourceDigest"] == sha256_tree(minilm_folder)
+    # A file deleted from the bucket leaves the next fetch's folder, and its digest, too.
+    client.delete_object(Bucket=bucket, Key="models/minilm/README.md")
+    (minilm_folder / "README.md").unlink()
+    source = Source(uri=f"s3://{bucket}/models/minilm/")
+    again = load_source(source, tmp_path, tmp_path / ".kompile" / "cache", s3_server.endpoint)
+    assert again.digest == sha256_tree(minilm_folder) != status["sourceDigest"]
