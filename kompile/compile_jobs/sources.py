@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import os
 import posixpath
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -228,11 +229,14 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    # A fresh folder per model: downloads into a shared one merged, and a second model's run then
+    # found the first one's files (its model.onnx, its config.json) and compiled those.
+    dest = cache_dir / "mlflow" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
     try:
         with _mlflow_uris(tracking_uri):
-            local = Path(
-                mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir / "mlflow"))
-            )
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest)))
     except MlflowException as err:
         raise SourceError(f"spec.source.uri {uri!r}: cannot fetch the MLflow model: {err.message}") from None
     digest = sha256_tree(local)
@@ -245,8 +249,34 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     if pt2_files:
         module, program = _load_torch_file(pt2_files[0], "pt2")
         return LoadedSource(uri, "mlflow", digest, module=module, exported=program, lineage=lineage)
+    # mlflow.transformers logs the Hugging Face folder itself (under model/): loaded as one.
+    folders = sorted(
+        p.parent for p in local.rglob(huggingface.CONFIG) if huggingface.is_model_folder(p.parent)
+    )
+    if folders:
+        module = huggingface.load(folders[0])
+        return LoadedSource(uri, "mlflow", digest, module=module, lineage=lineage)
+    flavors = _mlflow_flavors(local)
+    if "pytorch" not in flavors:
+        raise SourceError(
+            f"spec.source.uri {uri!r}: an MLflow model with flavors {flavors or 'none'}; kompile compiles "
+            "the pytorch, transformers and onnx flavors (or a model logged as a .pt2): log the model "
+            "with one of them"
+        )
     module = mlflow.pytorch.load_model(str(local), map_location="cpu")
     return LoadedSource(uri, "mlflow", digest, module=module.eval(), lineage=lineage)
+
+
+def _mlflow_flavors(local: Path) -> list[str]:
+    """The flavors the MLmodel file of a downloaded MLflow model names."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load((local / "MLmodel").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    flavors = doc.get("flavors") if isinstance(doc, dict) else None
+    return sorted(flavors) if isinstance(flavors, dict) else []
 
 
 def load_source(
@@ -315,8 +345,6 @@ def _local_folder(uri: str, base_dir: Path) -> Path | None:
 def _fetch_s3_folder(uri: str, cache_dir: Path, endpoint: str | None) -> Path:
     """Every object under the s3:// folder `uri`, downloaded into a fresh copy in cache_dir (a file
     deleted from the bucket must not linger in the digest)."""
-    import shutil
-
     from kompile.artifact_store import StoreError, file_sizes
 
     parsed = urlparse(uri)

@@ -138,25 +138,8 @@ def test_an_s3_model_folder_is_fetched_whole_and_fresh(
     files = [p for p in minilm_folder.rglob("*") if p.is_file()]
     for f in files:
         client.upload_file(str(f), bucket, f"models/minilm/{f.relative_to(minilm_folder).as_posix()}")
-    inputs = [
-        {"name": n, "dtype": "int64", "shape": [1, 16], "low": lo, "high": hi}
-        for n, lo, hi in (("input_ids", 0, 30522), ("attention_mask", 1, 2))
-    ]
-    doc = {
-        "apiVersion": "kompile.dev/v1alpha1",
-        "kind": "CompiledModel",
-        "metadata": {"name": "minilm"},
-        "spec": {
-            "source": {"uri": f"s3://{bucket}/models/minilm/"},
-            "inputs": inputs,
-            "targets": [{"name": "cpu", "backend": "onnxruntime", "precision": "fp32"}],
-            "registry": {"s3Endpoint": s3_server.endpoint},
-            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
-            "validation": {"samples": 2},
-        },
-    }
-    manifest = tmp_path / "m.yaml"
-    manifest.write_text(yaml.safe_dump(doc))
+    registry = {"registry": {"s3Endpoint": s3_server.endpoint}}
+    manifest = _minilm_manifest(tmp_path, f"s3://{bucket}/models/minilm/", **registry)
     code, out, err = _cli(
         "run", str(manifest), "--json", "--work-dir", str(tmp_path / ".kompile"), "--no-register"
     )
@@ -170,3 +153,79 @@ def test_an_s3_model_folder_is_fetched_whole_and_fresh(
     source = Source(uri=f"s3://{bucket}/models/minilm/")
     again = load_source(source, tmp_path, tmp_path / ".kompile" / "cache", s3_server.endpoint)
     assert again.digest == sha256_tree(minilm_folder) != status["sourceDigest"]
+
+
+def _minilm_manifest(tmp_path: Path, uri: str, **spec: Any) -> Path:
+    inputs = [
+        {"name": n, "dtype": "int64", "shape": [1, 16], "low": lo, "high": hi}
+        for n, lo, hi in (("input_ids", 0, 30522), ("attention_mask", 1, 2))
+    ]
+    doc = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "minilm"},
+        "spec": {
+            "source": {"uri": uri},
+            "inputs": inputs,
+            "targets": [{"name": "cpu", "backend": "onnxruntime", "precision": "fp32"}],
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+            "validation": {"samples": 2},
+            **spec,
+        },
+    }
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    return manifest
+
+
+def test_an_mlflow_transformers_model_compiles_and_other_flavors_are_named(
+    minilm_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a team logging with mlflow.transformers registers: the HF folder under model/, the
+    # tokenizer under components/. Before: "kompile failed unexpectedly" (no pytorch flavor).
+    import mlflow
+    from transformers import AutoModel, AutoTokenizer
+
+    uri = f"sqlite:///{tmp_path / 'training.db'}"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("training", artifact_location=(tmp_path / "training").as_uri())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    parts = {
+        "model": AutoModel.from_pretrained(minilm_folder),
+        "tokenizer": AutoTokenizer.from_pretrained(minilm_folder),
+    }
+    with mlflow.start_run(experiment_id=exp):
+        mlflow.transformers.log_model(
+            parts, name="model", task="feature-extraction", registered_model_name="enc"
+        )
+        mlflow.sklearn.log_model(_sklearn_model(), name="clf", registered_model_name="clf")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    registry = {"registry": {"trackingUri": uri}}
+    work = str(tmp_path / ".kompile")
+    code, out, err = _cli(
+        "run",
+        str(_minilm_manifest(tmp_path, "models:/enc/1", **registry)),
+        "--json",
+        "--work-dir",
+        work,
+        "--no-register",
+    )
+    assert code == 0, err
+    assert json.loads(out)["targets"][0]["phase"] == "Succeeded"
+    # Into the same work folder: before, its download merged with the first model's, and the
+    # classifier's run compiled the encoder found there.
+    code, _, err = _cli(
+        "run",
+        str(_minilm_manifest(tmp_path, "models:/clf/1", **registry)),
+        "--work-dir",
+        work,
+        "--no-register",
+    )
+    assert code == 2, err
+    assert "sklearn" in err and "pytorch" in err and "unexpectedly" not in err, err
+
+
+def _sklearn_model() -> Any:
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression().fit([[0.0], [1.0]], [0, 1])
