@@ -30,17 +30,15 @@ class StarterOptions:
     name: str | None = None
 
 
-def is_model_file(path: Path) -> bool:
-    """An .onnx or .pt2 file, or a Hugging Face model folder (config.json beside the weights)."""
-    from kompile.compile_jobs.huggingface import is_model_folder
-
-    return path.suffix.lower() in SUFFIXES or is_model_folder(path)
-
-
 def model_format(path: Path) -> str | None:
+    """huggingface for a model folder (config.json beside the weights), onnx or pt2 by suffix."""
     from kompile.compile_jobs.huggingface import is_model_folder
 
     return "huggingface" if is_model_folder(path) else SUFFIXES.get(path.suffix.lower())
+
+
+def is_model_file(path: Path) -> bool:
+    return model_format(path) is not None
 
 
 def parse_dim(text: str) -> tuple[str, tuple[int, int, int]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kompile.compile_jobs.envs import STANDARD_DOMAINS
 from kompile.compile_jobs.export import OPSET
 
 MIN_OPSET = 13
@@ -18,7 +19,7 @@ MIN_OPSET = 13
 
 
 def default_opset(model: Any) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
+    return next((o.version for o in model.opset_import if o.domain in STANDARD_DOMAINS), OPSET)
 
 
 def upgrade(model: Any) -> tuple[Any, list[str]]:

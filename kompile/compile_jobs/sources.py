@@ -110,9 +110,7 @@ def fetch(uri: str, cache_dir: Path, base_dir: Path, s3_endpoint: str | None = N
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         return _fetch_s3(parsed.netloc, parsed.path.lstrip("/"), cache_dir, s3_endpoint)
-    path = Path(parsed.path) if parsed.scheme == "file" else Path(uri)
-    if not path.is_absolute():
-        path = base_dir / path
+    path = _local_path(uri, base_dir) or base_dir / uri
     if not path.is_file():
         raise SourceError(f"spec.source.uri: {path} does not exist (paths are relative to the manifest)")
     return path
@@ -332,14 +330,20 @@ def _check_digest(source: Source, loaded: LoadedSource) -> LoadedSource:
     return loaded
 
 
-def _local_folder(uri: str, base_dir: Path) -> Path | None:
-    """The folder a local or file:// URI names, or None (a file, a remote URI, nothing there)."""
+def _local_path(uri: str, base_dir: Path) -> Path | None:
+    """The path a local or file:// URI names (relative to base_dir, the manifest's folder), or None
+    for a remote URI."""
     parsed = urlparse(uri)
     if parsed.scheme not in ("", "file"):
         return None
     path = Path(parsed.path) if parsed.scheme == "file" else Path(uri)
-    path = path if path.is_absolute() else base_dir / path
-    return path if path.is_dir() else None
+    return path if path.is_absolute() else base_dir / path
+
+
+def _local_folder(uri: str, base_dir: Path) -> Path | None:
+    """The folder a local or file:// URI names, or None (a file, a remote URI, nothing there)."""
+    path = _local_path(uri, base_dir)
+    return path if path is not None and path.is_dir() else None
 
 
 def _fetch_s3_folder(uri: str, cache_dir: Path, endpoint: str | None) -> Path:
