@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -392,6 +393,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="kompile-devcluster-"))
     signal.signal(signal.SIGTERM, _begin_teardown)
     signal.signal(signal.SIGINT, _begin_teardown)
+    code = _serve(args, work_dir)
+    if args.work_dir is None:
+        # A temp folder of its own (etcd's data, 60 MB): gone after a clean stop, kept after a failure.
+        if code == 0:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        else:
+            print(f"logs kept in {work_dir / 'logs'}", file=sys.stderr)
+    return code
+
+
+def _serve(args: argparse.Namespace, work_dir: Path) -> int:
     try:
         plane = ControlPlane(
             find_bin_dir(), work_dir, controllers=not args.no_controllers, kwok=not args.no_kwok

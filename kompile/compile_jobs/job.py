@@ -8,8 +8,11 @@ What the operator sets, the exit codes and result.json are typed in kompile.api.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kompile.api.job_contract import (
@@ -88,10 +91,33 @@ def _push_timing_cache(sync: StoreSync | None) -> None:
         print(f"kompile-job: timing cache not pushed: {err}", file=sys.stderr)
 
 
+@contextmanager
+def _scratch_cleared(work: Path) -> Iterator[None]:
+    """Remove what the Job wrote under its scratch folder when it exits. The folder is the pod's
+    emptyDir and its HOME and TMPDIR (exports, builds, compiler caches: hundreds of MB), and a
+    finished pod keeps it on the node's disk until the Job's TTL deletes the pod; everything worth
+    keeping is in the artifact store by then. What was there before is not the Job's and stays, as
+    does the termination message (in the scratch folder outside a pod)."""
+    before = {p.name for p in work.iterdir()} if work.is_dir() else set()
+    try:
+        yield
+    finally:
+        keep = Path(os.environ.get(JobEnv.TERMINATION_LOG, "/dev/termination-log")).resolve()
+        for path in work.iterdir() if work.is_dir() else ():
+            if path.name in before or path.resolve() == keep:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _stop)
+    work = Path(os.environ.get(JobEnv.WORK_DIR, "/scratch"))
     try:
-        _main()
+        with _scratch_cleared(work):
+            _main()
     except Stopped as stop:
         print(
             f"kompile-job: stopped by {stop} (the Job's deadline passed, or its pod is being deleted): "

@@ -152,16 +152,35 @@ def _fetch_external_data(uri: str, names: Sequence[str], cache_dir: Path, endpoi
             ) from None
 
 
+def _import_fresh(module_name: str, base_dir: Path) -> Any:
+    """A user's factories live next to their manifest, as the examples' do. Code in that folder is
+    imported from it afresh: a module an earlier run in this process imported (another folder's,
+    or this file before an edit) must not stand in for it. Installed packages import as usual."""
+    top = module_name.partition(".")[0]
+    if (base_dir / top).is_dir() or (base_dir / f"{top}.py").is_file():
+        for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+            del sys.modules[name]
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(base_dir))
+        importlib.invalidate_caches()
+    if str(base_dir) not in sys.path:
+        sys.path.insert(0, str(base_dir))
+    # No __pycache__ written into the user's folder (a cached .pyc of the same size and second
+    # would also hide an edit).
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.dont_write_bytecode = writes
+
+
 def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
     target = uri.removeprefix("python://")
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise SourceError(f"spec.source.uri {uri!r}: expected python://package.module:factory")
-    # A user's factories live next to their manifest, as the examples' do.
-    if str(base_dir) not in sys.path:
-        sys.path.insert(0, str(base_dir))
     try:
-        module = importlib.import_module(module_name)
+        module = _import_fresh(module_name, base_dir)
     except ImportError as err:
         raise SourceError(f"spec.source.uri {uri!r}: cannot import {module_name!r}: {err}") from None
     factory = getattr(module, attr, None)

@@ -52,6 +52,9 @@ class KubeletStandIn:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started: set[str] = set()
+        self._running: set[str] = set()
+        self._deleted: set[str] = set()
+        self._lock = threading.Lock()
         self.ran: list[str] = []
         """Names of pods run, in order (tests assert on it)."""
 
@@ -138,12 +141,9 @@ class KubeletStandIn:
                     # Only pods with a command can run as a local process (compile Jobs); others
                     # (an image's entrypoint, the chart's operator) stay Pending, as with no image.
                     runnable = bool(pod.spec.containers and pod.spec.containers[0].command)
-                    if (
-                        ev["type"] != "DELETED"
-                        and pod.status.phase == "Pending"
-                        and runnable
-                        and key not in self._started
-                    ):
+                    if ev["type"] == "DELETED":
+                        self._tear_down(key)
+                    elif pod.status.phase == "Pending" and runnable and key not in self._started:
                         self._started.add(key)
                         threading.Thread(target=self._run_pod, args=(pod,), daemon=True).start()
                     if self._stop.is_set():
@@ -152,6 +152,15 @@ class KubeletStandIn:
                 time.sleep(1)
             finally:
                 w.stop()
+
+    def _tear_down(self, key: str) -> None:
+        """As a kubelet tears down a deleted pod's emptyDir, freeing the node's disk: at once, or when
+        the pod's process ends (this stand-in does not stop a running process)."""
+        with self._lock:
+            self._deleted.add(key)
+            if key in self._running:
+                return
+        shutil.rmtree(self.work_dir / key, ignore_errors=True)
 
     def _env(self, namespace: str, container: Any, scratch: Path) -> dict[str, str]:
         env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
@@ -171,6 +180,20 @@ class KubeletStandIn:
         return env
 
     def _run_pod(self, pod: Any) -> None:
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        key = f"{ns}/{name}"
+        with self._lock:
+            self._running.add(key)
+        try:
+            self._run_container(pod)
+        finally:
+            with self._lock:
+                self._running.discard(key)
+                deleted = key in self._deleted
+            if deleted:
+                shutil.rmtree(self.work_dir / key, ignore_errors=True)
+
+    def _run_container(self, pod: Any) -> None:
         ns, name = pod.metadata.namespace, pod.metadata.name
         container = pod.spec.containers[0]
         scratch = self.work_dir / ns / name

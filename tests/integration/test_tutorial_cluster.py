@@ -411,6 +411,8 @@ def test_make_dev_cluster_starts_a_control_plane(tmp_path: Path) -> None:
     wait_for("make dev-cluster to stop", lambda: "stopped" in log.read_text(), timeout=60)
     probe = [kubectl, "--kubeconfig", kubeconfig, "get", "--raw", "/readyz", "--request-timeout=5s"]
     assert subprocess.run(probe, capture_output=True, timeout=60).returncode != 0, "its API server still runs"
+    # Its temp folder (etcd's data, certificates, logs) goes with it after a clean stop.
+    wait_for("the dev cluster's temp folder to go", lambda: not Path(kubeconfig).parent.exists(), timeout=30)
     print(f"\nmake dev-cluster: up in {up:.1f}s")
 
 

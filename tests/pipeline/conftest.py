@@ -319,3 +319,34 @@ def compile_for_a_stood_in_gpu(
         with pytest.raises(BackendError, match=refused):
             backend.load(artifact)
     return artifact
+
+
+def run_compile_job(
+    monkeypatch: pytest.MonkeyPatch, doc: dict[str, Any], target: Any, root: Path, source_dir: Path
+) -> tuple[int, Any]:
+    """`kompile-job` in-process as a pod runs it: the artifact store under root/store, the pod's
+    emptyDir root/scratch (also its HOME and TMPDIR, holding the termination log as in the kubelet
+    stand-in). Its exit code and the status its termination message carries."""
+    from kompile.api.job_contract import JobSpec, parse_compact
+    from kompile.compile_jobs import job
+
+    scratch = root / "scratch"
+    scratch.mkdir(exist_ok=True)
+    spec = JobSpec(
+        compiled_model={**doc, "metadata": {"name": "small", "uid": "u", "generation": 1}},
+        target=target,
+        hardware_class="cpu-x86-64-avx2",
+        device="cpu",
+        artifact_prefix=(root / "store" / "cache" / "k").as_uri(),
+        work_dir=str(scratch),
+    )
+    for item in spec.to_env():
+        monkeypatch.setenv(item["name"], item["value"])
+    monkeypatch.setenv("KOMPILE_SOURCE_DIR", str(source_dir))
+    monkeypatch.setenv("KOMPILE_TERMINATION_LOG", str(scratch / "termination-log"))
+    monkeypatch.setenv("HOME", str(scratch))
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    with pytest.raises(SystemExit) as exited:
+        job.main()
+    status, _, _ = parse_compact((scratch / "termination-log").read_text())
+    return int(exited.value.code or 0), status

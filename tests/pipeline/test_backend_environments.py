@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,12 @@ def _env(path: Path, script: str) -> Path:
     python.chmod(0o755)
     (path / ".complete").touch()
     return path
+
+
+@pytest.fixture(autouse=True)
+def _kept_logs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stderr copies kept for a bug report (EnvProcess.keep_log) go to this test's folder."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 @pytest.fixture
@@ -97,7 +104,13 @@ def test_an_environment_process_dies_with_the_process_that_started_it(
         "print(env.proc.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    # Killed outright, it cannot remove its scratch folder: that goes in this test's folder.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     time.sleep(3)  # the child is in its step

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.pipeline.conftest import small_cnn_doc, torchscript_onnx
+from tests.pipeline.conftest import run_compile_job, small_cnn_doc, torchscript_onnx
 
 FEED = {"input": np.zeros((1, 3, 32, 32), np.float32)}
 
@@ -162,31 +162,16 @@ def test_dataset_keys_that_do_not_match_the_inputs(kompile_run, write_manifest, 
 
 
 def test_the_compile_job_reports_the_same_message_and_exits_2(
-    tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the operator shows: the Job's compact result carries the message, exit code 2."""
-    from kompile.api.job_contract import ExitCode, JobSpec, parse_compact
+    from kompile.api.job_contract import ExitCode
     from kompile.api.spec import Target
-    from kompile.compile_jobs import job
 
     bad = state_dict_pt(tmp_path)
     doc = small_cnn_doc(source={"uri": bad.name})
     target = Target(name="cpu", backend="onnxruntime")
-    spec = JobSpec(
-        compiled_model={**doc, "metadata": {"name": "small", "uid": "u", "generation": 1}},
-        target=target,
-        hardware_class="cpu-x86-64-avx2",
-        device="cpu",
-        artifact_prefix=(tmp_path / "store" / "cache" / "k").as_uri(),
-        work_dir=str(tmp_path / "scratch"),
-    )
-    for item in spec.to_env():
-        monkeypatch.setenv(item["name"], item["value"])
-    monkeypatch.setenv("KOMPILE_SOURCE_DIR", str(tmp_path))
-    monkeypatch.setenv("KOMPILE_TERMINATION_LOG", str(tmp_path / "termination-log"))
-    with pytest.raises(SystemExit) as exited:
-        job.main()
-    assert exited.value.code == ExitCode.BAD_INPUT
-    status, _, _ = parse_compact((tmp_path / "termination-log").read_text())
+    code, status = run_compile_job(monkeypatch, doc, target, tmp_path, tmp_path)
+    assert code == ExitCode.BAD_INPUT
     assert status.phase == "Failed" and status.reason == "SourceError"
     assert "weights.pt" in (status.message or "") and "state_dict" in (status.message or "")
