@@ -225,13 +225,17 @@ def _load_torch_file(path: Path, fmt: str) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def _mlflow_uris(tracking_uri: str | None) -> Iterator[None]:
-    """MLflow's tracking and registry URIs for one call. mlflow.set_tracking_uri would set them for
-    the whole process and, through the environment, for every child process; a models:/ name
-    resolves through the registry URI, which download_artifacts' own argument does not reach."""
-    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    """MLflow's tracking and registry URIs (and its progress bar) for one call.
+    mlflow.set_tracking_uri would set them for the whole process and, through the environment, for
+    every child process; a models:/ name resolves through the registry URI, which
+    download_artifacts' own argument does not reach."""
+    bar = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", bar)
     before = {n: os.environ.get(n) for n in names}
     if tracking_uri:
-        os.environ.update(dict.fromkeys(names, tracking_uri))
+        os.environ.update(dict.fromkeys(names[:2], tracking_uri))
+    if not sys.stderr.isatty():  # its download bar is for a terminal: in a log its redraws are noise
+        os.environ[bar] = "false"
     try:
         yield
     finally:
@@ -318,7 +322,7 @@ def load_source(
         loaded = LoadedSource(source.uri, "huggingface", sha256_tree(folder), module=module)
         return _check_digest(source, loaded)
     if source.format == "huggingface" or folder is not None:
-        raise SourceError(_not_a_model_folder(source.uri, folder))
+        raise SourceError(_not_a_model_folder(source.uri, folder, source.format))
     fmt = detect_format(source.uri) if source.format == "auto" else source.format
     if fmt == "python":
         module, digest = _load_python(source.uri, base_dir)
@@ -387,7 +391,13 @@ def _fetch_s3_folder(uri: str, cache_dir: Path, endpoint: str | None) -> Path:
     return dest
 
 
-def _not_a_model_folder(uri: str, folder: Path | None) -> str:
+def _not_a_model_folder(uri: str, folder: Path | None, fmt: str) -> str:
+    if folder is not None and huggingface.is_model_folder(folder):
+        return (
+            f"spec.source.uri {uri!r}: {folder} is a Hugging Face model folder, but format {fmt} reads "
+            "one file: set format huggingface (or auto) to compile the folder, or point the uri at the "
+            f"{fmt} file"
+        )
     if folder is None:
         return (
             f"spec.source.uri {uri!r}: format huggingface reads a model folder (config.json beside "
