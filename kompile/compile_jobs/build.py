@@ -66,6 +66,9 @@ def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget
     """Build the target, or each of its candidates; the winner is picked after the benchmark."""
     ts = _pending(target, ctx.hardware_class)
     planned = PlannedTarget(target=target, status=ts, multi=is_multi(target))
+    if target.precision == "int8" and ctx.loaded.quantized:
+        ts.phase, ts.reason, ts.message = "Skipped", "AlreadyQuantized", _already_quantized(ctx)
+        return planned
     if not planned.multi:
         skip = skip_reason(target, device, ctx.loaded.module is not None)
         if skip:
@@ -104,8 +107,12 @@ class _Tournament:
             target, self.device, self.ctx.arch, served
         )
         ts.not_offered += notes[:_NOT_OFFERED_MAX]
+        requantize = False
         for cand in candidate_targets(target, self.device, self.ctx.arch):
             if served and _auto_device_only(target, cand.backend):
+                continue
+            if cand.precision == "int8" and self.ctx.loaded.quantized:
+                requantize = True
                 continue
             if ladder and passed is not None and cand.precision != passed:
                 if cand.precision not in not_tried:
@@ -117,6 +124,8 @@ class _Tournament:
                 validated = self._remedy(cand, built)
             if validated and ladder:
                 passed = cand.precision
+        if requantize:
+            ts.not_offered.append(f"int8: {_already_quantized(self.ctx)}")
         if not_tried:
             ts.not_offered.append(
                 f"{', '.join(not_tried)}: not tried, {passed} validated first (precision auto stops at "
@@ -234,6 +243,14 @@ def slow_here(target: Target, device: str) -> tuple[str, str] | None:
             f"this CPU ({cpu_description()}) has no bf16 instructions: bf16 would be emulated",
         )
     return None
+
+
+def _already_quantized(ctx: BuildContext) -> str:
+    return (
+        f"the source is quantized already ({ctx.loaded.quantized}): an int8 build would quantize it "
+        "twice, a second rounding on the first (ONNX Runtime's quantizer refuses the graph, others "
+        "re-round it); an fp32 target compiles it as it is, its int8 operators included"
+    )
 
 
 def skip_reason(target: Target, device: str, torch_source: bool = True) -> tuple[str, str] | None:

@@ -167,6 +167,22 @@ def onnx_external_files(model: Any) -> list[str]:
     )
 
 
+# Operators of a graph someone quantized already (QDQ pairs, QOperator and integer kernels, 4-bit
+# weight-only MatMuls): another int8 pass would quantize it twice.
+_QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulNBits", "QGemm"}
+
+
+def quantized_ops(model: Any) -> str:
+    """The quantized operators of a ModelProto's main graph, counted by type ("6 QuantizeLinear,
+    6 DequantizeLinear"), or "" for a float model."""
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        op = node.op_type
+        if op in _QUANTIZED_OPS or op.startswith("QLinear") or op.endswith("Integer"):
+            counts[op] = counts.get(op, 0) + 1
+    return ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def read_onnx_graph(path: Path) -> Any:
     """The ModelProto without its external data; a file that is no ONNX model is a SourceError."""
     import onnx

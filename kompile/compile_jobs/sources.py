@@ -48,6 +48,8 @@ class LoadedSource:
     """Where the source came from beyond its URI (for example the MLflow model version)."""
     exported: Any = None
     """The torch.export ExportedProgram of a .pt2 source: exported to ONNX as it is, not re-traced."""
+    quantized: str = ""
+    """An ONNX source that is quantized already: its quantized operators ("6 QuantizeLinear, ...")."""
 
     @property
     def label(self) -> str:
@@ -264,7 +266,11 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     lineage = {"mlflow.source.uri": uri}
     onnx_files = sorted(local.rglob("*.onnx"))
     if onnx_files:
-        return LoadedSource(uri, "mlflow", digest, onnx_path=onnx_files[0], lineage=lineage)
+        graph = source_files.read_onnx_graph(onnx_files[0])
+        quantized = source_files.quantized_ops(graph)
+        return LoadedSource(
+            uri, "mlflow", digest, onnx_path=onnx_files[0], lineage=lineage, quantized=quantized
+        )
     # MLflow 3 logs PyTorch models as torch.export archives by default; older ones are pickles.
     pt2_files = sorted(local.rglob("*.pt2"))
     if pt2_files:
@@ -332,12 +338,14 @@ def load_source(
     else:
         path = fetch(source.uri, cache_dir, base_dir, s3_endpoint)
         if fmt == "onnx":
-            external = source_files.external_files(path, source_files.read_onnx_graph(path))
+            graph = source_files.read_onnx_graph(path)
+            external = source_files.external_files(path, graph)
             _fetch_external_data(source.uri, external, cache_dir, s3_endpoint)
             source_files.check_beside(path, external)
             # The weights are the model: a changed external data file is a changed source.
             digest = sha256_files([path, *(path.parent / f for f in external)])
-            loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path)
+            quantized = source_files.quantized_ops(graph)
+            loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path, quantized=quantized)
         else:
             module, program = _load_torch_file(path, fmt)
             loaded = LoadedSource(source.uri, fmt, sha256_file(path), module=module, exported=program)
