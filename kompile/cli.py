@@ -356,6 +356,32 @@ def _elect(s: OperatorSettings, kube: Callable[[], Kube]) -> LeaseElector | None
     return elector
 
 
+def _disk_full(err: BaseException) -> str | None:
+    """What to do when a disk filled up (anywhere in the error's chain): not a bug in kompile, and
+    nothing the input could change, so no bug report is asked for."""
+    import errno
+    import shutil
+
+    from rich.markup import escape
+
+    seen: BaseException | None = err
+    while seen is not None and not (
+        isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT)
+    ):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    assert isinstance(seen, OSError)
+    where = Path(str(seen.filename2 or seen.filename or "."))
+    folder = next((p for p in (where, *where.parents) if p.is_dir()), Path("."))
+    free = shutil.disk_usage(folder).free / 2**20
+    return escape(
+        f"no space left on the disk holding {where} ({free:.0f} MiB free): free space there, or give "
+        "--work-dir a folder on a disk with room (a run keeps the export and each candidate's build, "
+        "a few times the model's size)"
+    )
+
+
 def main() -> None:
     # No raw traceback reaches a user: an error kompile did not expect is one line that says so,
     # the traceback kept in a file for the bug report (KOMPILE_DEBUG=1 raises it as it is).
@@ -364,6 +390,10 @@ def main() -> None:
     except Exception as err:
         if os.environ.get("KOMPILE_DEBUG"):
             raise
+        full = _disk_full(err)
+        if full is not None:
+            err_console.print(f"[bold red]error:[/] {full}", highlight=False, soft_wrap=True, markup=True)
+            raise SystemExit(EXIT_TARGET_FAILED) from None
         import tempfile
         import traceback
 

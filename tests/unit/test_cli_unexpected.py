@@ -40,3 +40,25 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_file(
     monkeypatch.setenv("KOMPILE_DEBUG", "1")
     with pytest.raises(RuntimeError, match="something deep"):
         cli.main()
+
+
+def test_a_full_disk_says_where_and_what_to_do_not_that_kompile_has_a_bug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import errno
+
+    def full() -> None:
+        try:
+            dst = str(tmp_path / "x.onnx")
+            raise OSError(errno.ENOSPC, "No space left on device", "model.onnx", None, dst)
+        except OSError as err:  # as shutil and the exporters raise it: wrapped in their own errors
+            raise RuntimeError("export failed") from err
+
+    monkeypatch.setattr(cli, "app", full)
+    monkeypatch.delenv("KOMPILE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == cli.EXIT_TARGET_FAILED
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert f"no space left on the disk holding {tmp_path / 'x.onnx'}" in err and "MiB free" in err, err
+    assert "--work-dir" in err and "bug" not in err and "Traceback" not in err, err
