@@ -365,9 +365,7 @@ def _disk_full(err: BaseException) -> str | None:
     from rich.markup import escape
 
     seen: BaseException | None = err
-    while seen is not None and not (
-        isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT)
-    ):
+    while seen is not None and not (isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT)):
         seen = seen.__cause__ or seen.__context__
     if seen is None:
         return None
