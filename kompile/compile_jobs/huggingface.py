@@ -21,7 +21,7 @@ from kompile.compile_jobs.source_files import SourceError, quiet_torch_loading
 
 CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-_TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "decoder_input_ids")
 MAX_SEQUENCE = 512
 """The longest sequence the written manifest asks for, where the model allows more."""
 
@@ -160,6 +160,10 @@ def _text_signature(folder: Path, config: dict[str, Any], cls: Any) -> list[dict
         params = list(inspect.signature(cls.forward).parameters)
     except (TypeError, ValueError, AttributeError):  # AutoModel: its class is chosen at load
         params = list(_TEXT_INPUTS)
+    if config.get("is_encoder_decoder") and "decoder_input_ids" in params:
+        # An encoder-decoder (T5, BART) runs its decoder too: one teacher-forced pass over given
+        # decoder tokens (without them it failed "You must specify exactly one of input_ids ...").
+        named = [*named, "decoder_input_ids"]
     order = [p for p in params if p in named and p in _TEXT_INPUTS] or ["input_ids"]
     # Through transformers' config: it maps each family's own key (GPT-2's n_positions) to these.
     try:
@@ -172,12 +176,17 @@ def _text_signature(folder: Path, config: dict[str, Any], cls: Any) -> list[dict
     positions = getattr(resolved, "max_position_embeddings", None) or config.get("max_position_embeddings")
     longest = min(int(positions or MAX_SEQUENCE), MAX_SEQUENCE)
     vocab = int(getattr(resolved, "vocab_size", None) or config.get("vocab_size") or 100)
-    ranges = {"input_ids": (0, vocab), "attention_mask": (1, 2), "token_type_ids": (0, 1)}
+    ranges = {
+        "input_ids": (0, vocab),
+        "attention_mask": (1, 2),
+        "token_type_ids": (0, 1),
+        "decoder_input_ids": (0, vocab),
+    }
     return [
         {
             "name": name,
             "dtype": "int64",
-            "shape": [("batch", None), ("sequence", longest)],
+            "shape": [("batch", None), ("decoder_sequence" if "decoder" in name else "sequence", longest)],
             "low": ranges[name][0],
             "high": ranges[name][1],
         }

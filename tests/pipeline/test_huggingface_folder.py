@@ -90,6 +90,28 @@ def test_a_decoder_without_architectures_or_tokenizer_reads_its_family_keys(tmp_
     assert inputs[0]["dynamicDims"][1] == {"axis": 1, "name": "sequence", "min": 1, "opt": 64, "max": 64}
 
 
+def test_an_encoder_decoder_runs_its_decoder_on_given_tokens(tmp_path: Path) -> None:
+    # Before: "T5ForConditionalGeneration failed on inputs shaped {'input_ids': ..., 'attention_mask':
+    # ...}: You must specify exactly one of input_ids or inputs_embeds" (the decoder had no tokens).
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(
+        vocab_size=200, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, decoder_start_token_id=0
+    )
+    T5ForConditionalGeneration(config).save_pretrained(tmp_path / "t5")
+    code, _, err = _cli("init", str(tmp_path / "t5"))
+    assert code == 0, err
+    inputs = yaml.safe_load((tmp_path / "t5.yaml").read_text())["spec"]["inputs"]
+    assert [i["name"] for i in inputs] == ["input_ids", "attention_mask", "decoder_input_ids"]
+    assert inputs[2]["high"] == 200 and inputs[2]["dynamicDims"][1]["name"] == "decoder_sequence"
+    work = str(tmp_path / ".kompile")
+    code, out, err = _cli(
+        "run", str(tmp_path / "t5"), "--backend", "onnxruntime", "--json", "--work-dir", work, "--no-register"
+    )
+    assert code == 0, err
+    assert json.loads(out)["targets"][0]["phase"] == "Succeeded"
+
+
 def test_a_bf16_checkpoint_is_loaded_as_fp32(tmp_path: Path) -> None:
     # transformers 5 loads a checkpoint in the dtype it was saved in; every target starts from fp32.
     import torch
