@@ -8,11 +8,12 @@ flow that depends on tensor values, so tracer warnings are raised as errors that
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,14 @@ def _first_line(err: BaseException) -> str:
 def _construct(err: BaseException) -> str:
     """The unexportable construct and where it sits, from a tracer or exporter message."""
     text = str(err)
-    op = re.search(r"operator '([^']+)'", text) or re.search(r"(aten::[A-Za-z0-9_.]+)", text)
+    op = re.search(r"operator '([^']+)'", text) or re.search(r"((?:aten|quantized)::[A-Za-z0-9_.]+)", text)
+    if op and op.group(1).startswith("quantized::"):
+        return (
+            f"operator {op.group(1)} has no ONNX conversion: the model was quantized with torch.ao "
+            "(quantize_dynamic or prepare/convert), whose kernels no compiler here reads. Give kompile "
+            "the float model and add an int8 target: it quantizes per backend and validates against "
+            "the float outputs"
+        )
     if op:
         return f"operator {op.group(1)} has no ONNX conversion at opset {OPSET}"
     return _first_line(err)
@@ -149,7 +157,7 @@ def export_onnx(
         return _export_program(loaded, example, signature, names, output_names, out_path, label)
     # Record tracer warnings rather than raising them: raised inside torch's C++ tracer they turn
     # into an opaque SystemError; recorded, they name the construct and its source line.
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, _exporter_dumps_to(out_path.parent / "export.log"):
         warnings.simplefilter("always", torch.jit.TracerWarning)
         try:
             torch.onnx.export(
@@ -183,6 +191,31 @@ def export_onnx(
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
     return out_path, output_names
+
+
+@contextlib.contextmanager
+def _exporter_dumps_to(log: Path) -> Iterator[None]:
+    """The process's stdout and stderr (file descriptors 1 and 2) into `log` while the TorchScript
+    exporter runs: on a failure its C++ side prints whole graphs to stdout ("Torch IR graph at
+    exception"; torch leaves its ONNX log on), pages of IR before kompile's one-line error, and in
+    the middle of what `kompile run --json` prints there."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with log.open("ab") as sink:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        for fd in saved:
+            os.close(fd)
 
 
 def _in_installed_package(filename: str) -> bool:

@@ -175,3 +175,21 @@ def test_the_compile_job_reports_the_same_message_and_exits_2(
     assert code == ExitCode.BAD_INPUT
     assert status.phase == "Failed" and status.reason == "SourceError"
     assert "weights.pt" in (status.message or "") and "state_dict" in (status.message or "")
+
+
+def test_a_torch_ao_quantized_model_says_to_bring_the_float_one(
+    kompile_run, write_manifest, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """quantize_dynamic's quantized::linear_dynamic has no ONNX form. Before: the message named the
+    operator only, after two raw TorchScript graph dumps the exporter prints on its way out."""
+    float_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    quantized = torch.ao.quantization.quantize_dynamic(float_model.eval(), {torch.nn.Linear})
+    torch.jit.trace(quantized, torch.zeros(1, 16)).save(str(tmp_path / "dynq.pt"))
+    doc = small_cnn_doc(source={"uri": "dynq.pt"}, inputs=[{"name": "x", "shape": [1, 16]}])
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 2, res.stderr
+    assert "quantized::linear_dynamic" in res.stderr and "torch.ao" in res.stderr, res.stderr
+    assert "the float model" in res.stderr and "int8 target" in res.stderr, res.stderr
+    # The dumps come from torch's C++ code, on the process's own stdout (amid --json's output).
+    printed = "".join(capfd.readouterr())
+    assert "graph(" not in printed + res.stderr and "Traceback" not in res.stderr, printed
