@@ -35,6 +35,24 @@ def _restore_mlflow_tracking_uri() -> Iterator[None]:
         os.environ[TRACKING_URI_ENV] = env
 
 
+EXAMPLE_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+@pytest.fixture(autouse=True)
+def _example_models_from_examples() -> Iterator[None]:
+    """Tests import the example factories as `models.*` from examples/; a python:// run imports them
+    afresh from its manifest's folder (a copy in tmp_path), which is removed when the test passes. A
+    later `import models.pretrained` would then look in the removed copy: drop what a run imported
+    from elsewhere, so the next import finds examples/ again."""
+    yield
+    found = sys.modules.get("models")
+    where = getattr(found, "__file__", None) or ""
+    if found is not None and not where.startswith(EXAMPLE_MODELS + os.sep):
+        for name in [m for m in sys.modules if m == "models" or m.startswith("models.")]:
+            del sys.modules[name]
+        sys.path[:] = [p for p in sys.path if not p or os.path.isdir(p)]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_outage_breaker() -> Iterator[None]:
     """The operator's per-endpoint breaker is process-wide: an outage one test made must not make
