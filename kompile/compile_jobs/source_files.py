@@ -223,6 +223,35 @@ def check_beside(path: Path, files: list[str]) -> None:
         )
 
 
+def _kind(type_proto: Any) -> str:
+    """What an ONNX value type is, in words ("a sequence of maps")."""
+    field = type_proto.WhichOneof("value")
+    if field == "sequence_type":
+        return f"a sequence of {_kind(type_proto.sequence_type.elem_type).removeprefix('a ')}s"
+    if field == "optional_type":
+        return f"an optional {_kind(type_proto.optional_type.elem_type).removeprefix('a ')}"
+    return {"map_type": "a map", "sparse_tensor_type": "a sparse tensor"}.get(field or "", "a tensor")
+
+
+def check_tensor_io(path: Path, model: Any) -> None:
+    """Every input and output of the graph is a (dense) tensor, what every backend, the validation
+    and the Triton layout take; a classifier from skl2onnx ends in a ZipMap, a sequence of maps."""
+    for role, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for value in values:
+            if value.type.WhichOneof("value") in (None, "tensor_type"):
+                continue
+            zipmap = any(n.op_type == "ZipMap" and value.name in n.output for n in model.graph.node)
+            hint = (
+                "it is a ZipMap node's, as skl2onnx writes classifiers by default: convert the model "
+                "again with the option zipmap False (options={type(model): {'zipmap': False}}), which "
+                "gives the probabilities as a tensor"
+                if zipmap
+                else "kompile compiles graphs whose inputs and outputs are tensors: export it with "
+                "tensors there"
+            )
+            raise SourceError(f"{path}: {role} {value.name!r} is {_kind(value.type)}, not a tensor; {hint}")
+
+
 def check_onnx(path: Path, model: Any | None = None) -> list[str]:
     """Parse the graph (without its weights' external data) unless given, and check every external
     data file; returns their locations, relative to the model's folder."""

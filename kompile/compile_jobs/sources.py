@@ -267,6 +267,7 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     onnx_files = sorted(local.rglob("*.onnx"))
     if onnx_files:
         graph = source_files.read_onnx_graph(onnx_files[0])
+        source_files.check_tensor_io(onnx_files[0], graph)
         quantized = source_files.quantized_ops(graph)
         return LoadedSource(
             uri, "mlflow", digest, onnx_path=onnx_files[0], lineage=lineage, quantized=quantized
@@ -339,6 +340,7 @@ def load_source(
         path = fetch(source.uri, cache_dir, base_dir, s3_endpoint)
         if fmt == "onnx":
             graph = source_files.read_onnx_graph(path)
+            source_files.check_tensor_io(path, graph)
             external = source_files.external_files(path, graph)
             _fetch_external_data(source.uri, external, cache_dir, s3_endpoint)
             source_files.check_beside(path, external)

@@ -54,8 +54,25 @@ _PRECISION_HINT = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 # The weights-only remedy's activation group: on the real MiniLM (batch 1, seq 32) 12-14% faster than
 # OpenVINO's default of 32, cosine 0.9985 against 0.9993 (docs/backends.md, openvino).
 COARSE_GROUP = "128"
-# What OpenVINO raises for a graph or property it cannot take (RuntimeError from its C++ core).
-OV_ERRORS = (RuntimeError, ValueError, TypeError)
+# What OpenVINO raises for a graph or property it cannot take: RuntimeError from its C++ core, its
+# frontends' own failures (OpConversionFailure for an operator it has no rule for) from Exception.
+OV_ERRORS = (
+    RuntimeError,
+    ValueError,
+    TypeError,
+    ov.frontend.OpConversionFailure,
+    ov.frontend.OpValidationFailure,
+    ov.frontend.GeneralFailure,
+    ov.frontend.NotImplementedFailure,
+)
+
+
+def _conversion_error(err: BaseException) -> str:
+    """The frontend's summary lines ("No conversion rule found for operations: ai.onnx.ml.X"), not
+    the C++ check that reported them; else its first lines."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    summary = [ln.removeprefix("-- ") for ln in lines if ln.startswith("-- ")]
+    return "; ".join(summary) if summary else " ".join(lines)[:400]
 
 
 # Attention as OpenVINO's conversion leaves it: fused into ScaledDotProductAttention, or a softmax.
@@ -297,7 +314,7 @@ class OpenVinoBackend(Backend):
         try:
             model = ov.convert_model(str(request.onnx()))
         except OV_ERRORS as err:
-            raise BackendError(f"OpenVINO cannot read the ONNX graph: {str(err).strip()[:400]}") from err
+            raise BackendError(f"OpenVINO cannot read the ONNX graph: {_conversion_error(err)}") from err
         threads = opts.intra_op_threads or request.threads or available_cores()
         record: dict[str, str] = {"precision": precision, "weights": "fp32"}
         weights_only = precision == "int8" and request.target.quantization == "dynamic"
