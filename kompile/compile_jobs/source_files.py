@@ -233,12 +233,22 @@ def _kind(type_proto: Any) -> str:
     return {"map_type": "a map", "sparse_tensor_type": "a sparse tensor"}.get(field or "", "a tensor")
 
 
+_ONNX_STRING = 8  # TensorProto.STRING
+
+
 def check_tensor_io(path: Path, model: Any) -> None:
     """Every input and output of the graph is a (dense) tensor, what every backend, the validation
     and the Triton layout take; a classifier from skl2onnx ends in a ZipMap, a sequence of maps."""
     for role, values in (("input", model.graph.input), ("output", model.graph.output)):
         for value in values:
-            if value.type.WhichOneof("value") in (None, "tensor_type"):
+            kind = value.type.WhichOneof("value")
+            if kind == "tensor_type" and value.type.tensor_type.elem_type == _ONNX_STRING:
+                raise SourceError(
+                    f"{path}: {role} {value.name!r} is a tensor of strings (class labels?); kompile "
+                    "validates numeric tensors: train the classifier on integer labels (0..n-1) and map "
+                    "them to names where the predictions are used"
+                )
+            if kind in (None, "tensor_type"):
                 continue
             zipmap = any(n.op_type == "ZipMap" and value.name in n.output for n in model.graph.node)
             hint = (

@@ -14,12 +14,12 @@ import onnx
 from onnx import TensorProto, helper
 
 
-def _classifier(path: Path, zipmap: bool) -> Path:
+def _classifier(path: Path, zipmap: bool, names: bool = False) -> Path:
     weights = np.random.default_rng(0).normal(size=12).tolist()
+    labels = {"classlabels_strings": ["cat", "dog", "eel"]} if names else {"classlabels_ints": [0, 1, 2]}
     linear = helper.make_node(
-        "LinearClassifier", ["X"], ["label", "probs"], domain="ai.onnx.ml",
-        classlabels_ints=[0, 1, 2], coefficients=weights, intercepts=[0.1, 0.2, 0.3],
-        post_transform="SOFTMAX", multi_class=1,
+        "LinearClassifier", ["X"], ["label", "probs"], domain="ai.onnx.ml", coefficients=weights,
+        intercepts=[0.1, 0.2, 0.3], post_transform="SOFTMAX", multi_class=1, **labels,
     )  # fmt: skip
     nodes, out = [linear], helper.make_tensor_value_info("probs", TensorProto.FLOAT, [None, 3])
     if zipmap:
@@ -37,7 +37,12 @@ def _classifier(path: Path, zipmap: bool) -> Path:
         nodes,
         "logreg",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],
-        [helper.make_tensor_value_info("label", TensorProto.INT64, [None]), out],
+        [
+            helper.make_tensor_value_info(
+                "label", TensorProto.STRING if names else TensorProto.INT64, [None]
+            ),
+            out,
+        ],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=9)
@@ -63,6 +68,17 @@ def test_a_zipmap_output_is_refused_with_the_converter_option_that_removes_it(
     text = " ".join(res.stderr.split())
     assert "output 'probabilities' is a sequence of maps, not a tensor" in text, text
     assert "ZipMap" in text and "'zipmap': False" in text and "unexpectedly" not in text, text
+
+
+def test_string_labels_are_refused_saying_to_train_on_integers(
+    kompile_run: Any, write_manifest: Any, tmp_path: Path
+) -> None:
+    # Before: "kompile failed unexpectedly: ValueError: could not convert string to float: 'dog'".
+    source = _classifier(tmp_path / "logreg.onnx", zipmap=False, names=True)
+    res = kompile_run(_manifest(write_manifest, source))
+    assert res.code == 2, res.stderr
+    text = " ".join(res.stderr.split())
+    assert "output 'label' is a tensor of strings" in text and "integer labels" in text, text
 
 
 def test_a_classifier_without_zipmap_compiles_where_its_operators_exist(
