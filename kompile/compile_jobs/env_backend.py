@@ -5,8 +5,6 @@ process (kompile.compile_jobs.env_protocol; arrays travel as `.npz` files by pos
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_expor
 from kompile.compile_jobs.benchmark import SelfTimed, available_cores
 from kompile.compile_jobs.environments import EnvProcess
 from kompile.compile_jobs.hardware import cpu_description
+from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
 
 Array = np.ndarray[Any, Any]
@@ -92,7 +91,7 @@ class EnvRunner:
 def save_program(request: CompileRequest, args: tuple[torch.Tensor, ...], path: Path, what: str) -> None:
     """`torch.export` of the source module at `args`, saved at `path` for a backend's environment;
     a BackendError naming the construct export cannot take."""
-    with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
+    with output_to(request.out_dir / "compile.log"), torch.no_grad():
         try:
             program = torch.export.export(request.module.eval(), args)
         except EXPORT_ERRORS as err:

@@ -8,12 +8,11 @@ flow that depends on tensor values, so tracer warnings are raised as errors that
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from kompile.api.spec import InputSpec
 from kompile.compile_jobs.inputs import Feed
+from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import LoadedSource, module_label
 from kompile.compile_jobs.triton import TensorSpec
 
@@ -157,7 +157,7 @@ def export_onnx(
         return _export_program(loaded, example, signature, names, output_names, out_path, label)
     # Record tracer warnings rather than raising them: raised inside torch's C++ tracer they turn
     # into an opaque SystemError; recorded, they name the construct and its source line.
-    with warnings.catch_warnings(record=True) as caught, _exporter_dumps_to(out_path.parent / "export.log"):
+    with warnings.catch_warnings(record=True) as caught, output_to(out_path.parent / "export.log"):
         warnings.simplefilter("always", torch.jit.TracerWarning)
         try:
             torch.onnx.export(
@@ -191,31 +191,6 @@ def export_onnx(
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
     return out_path, output_names
-
-
-@contextlib.contextmanager
-def _exporter_dumps_to(log: Path) -> Iterator[None]:
-    """The process's stdout and stderr (file descriptors 1 and 2) into `log` while the TorchScript
-    exporter runs: on a failure its C++ side prints whole graphs to stdout ("Torch IR graph at
-    exception"; torch leaves its ONNX log on), pages of IR before kompile's one-line error, and in
-    the middle of what `kompile run --json` prints there."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with log.open("ab") as sink:
-            os.dup2(sink.fileno(), 1)
-            os.dup2(sink.fileno(), 2)
-            try:
-                yield
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os.dup2(saved[0], 1)
-                os.dup2(saved[1], 2)
-    finally:
-        for fd in saved:
-            os.close(fd)
 
 
 def _in_installed_package(filename: str) -> bool:

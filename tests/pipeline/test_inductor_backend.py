@@ -139,11 +139,18 @@ def test_bf16_builds_and_stays_close(backend: InductorBackend, cnn: Any, tmp_pat
     assert (result.outputs[0].cosine or 0) > 0.995
 
 
-def test_export_failure_names_the_construct_and_line(backend: InductorBackend, tmp_path: Path) -> None:
+def test_export_failure_names_the_construct_and_line(
+    backend: InductorBackend, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     from models.small import data_dependent
 
     with pytest.raises(BackendError) as info:
         backend.compile(_request(tmp_path, data_dependent()))
+    # torch.export prints the graph it traced so far (pages of it for a real model): into the build
+    # folder's log, not amid kompile's progress.
+    printed = "".join(capfd.readouterr())
+    assert "def forward" not in printed and "torch.ops.aten" not in printed, printed[:2000]
+    assert "def forward" in (tmp_path / "compile.log").read_text()
     message = str(info.value)
     assert "small.py:49" in message and "if x.sum().item() > 0:" in message
     assert "data-dependent" in message and "torch.where" in message

@@ -15,9 +15,7 @@ conversions still differ: coremltools writes fresh identifiers into the package'
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.backends.executorch import static_example
 from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_export_error
+from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
 
 _PRECISION = {"fp32": ct.precision.FLOAT32, "fp16": ct.precision.FLOAT16}
@@ -74,8 +73,8 @@ class CoreMlBackend(Backend):
         label = module_label(request.module)
         request.out_dir.mkdir(parents=True, exist_ok=True)
         package = request.out_dir / "model.mlpackage"
-        # The converter prints passes on stdout, which belongs to `kompile run --json`.
-        with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
+        # torch and the converter print graphs and passes: into the build folder's log (quiet.py).
+        with output_to(request.out_dir / "compile.log"), torch.no_grad():
             try:
                 program = torch.export.export(request.module.eval(), args).run_decompositions({})
             except EXPORT_ERRORS as err:

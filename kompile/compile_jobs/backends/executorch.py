@@ -21,8 +21,6 @@ Not served by KServe: the artifact is for devices, which fetch their class's win
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +46,7 @@ from kompile.compile_jobs.backends.inductor import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.hardware import cpu_description
+from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
 
 if TYPE_CHECKING:
@@ -258,8 +257,8 @@ class ExecuTorchBackend(Backend):
         label = module_label(request.module)
         out = request.out_dir / "model.pte"
         request.out_dir.mkdir(parents=True, exist_ok=True)
-        # torch and ExecuTorch print graphs and progress on stdout, which belongs to `kompile run --json`.
-        with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
+        # torch and ExecuTorch print graphs and progress: into the build folder's log (quiet.py).
+        with output_to(request.out_dir / "compile.log"), torch.no_grad():
             module = request.module.eval()
             try:
                 torch.export.export(module, args)  # export errors name the construct; lowering's below

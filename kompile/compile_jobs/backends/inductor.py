@@ -31,7 +31,6 @@ import copy
 import linecache
 import re
 import subprocess
-import sys
 import sysconfig
 import traceback
 from collections.abc import Sequence
@@ -55,6 +54,7 @@ from kompile.compile_jobs.backends.base import (
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # executorch reads it here
 from kompile.compile_jobs.inputs import generate_feeds
+from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
 
 if TYPE_CHECKING:
@@ -391,8 +391,9 @@ class InductorBackend(Backend):
             record["cudaGraphs"] = str(opts.cuda_graphs).lower()
         out = request.out_dir / "model.pt2"
         request.out_dir.mkdir(parents=True, exist_ok=True)
-        # torch prints graphs and progress on stdout, which belongs to `kompile run --json`.
-        with contextlib.redirect_stdout(sys.stderr):
+        # torch prints graphs and progress (pages of a traced graph when export fails): into the
+        # build folder's log, not amid the progress and `kompile run --json`'s stdout.
+        with output_to(request.out_dir / "compile.log"):
             try:
                 shapes: tuple[Any, ...] | None = dynamic_shapes(request.signature)
                 if shapes and getattr(module, "wraps_source", False):
