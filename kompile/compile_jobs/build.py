@@ -120,7 +120,9 @@ class _Tournament:
                 continue
             built, cs = self._build(cand)
             validated = _validated(cs)
-            if not validated and built is not None and cs.reason == "ValidationFailed" and self.try_remedies:
+            # Remedies win back what quantizing lost: a float build that failed has none to try.
+            int8_failed = cand.precision == "int8" and cs.reason == "ValidationFailed"
+            if not validated and built is not None and int8_failed and self.try_remedies:
                 validated = self._remedy(cand, built)
             if validated and ladder:
                 passed = cand.precision

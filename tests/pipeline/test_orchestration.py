@@ -297,3 +297,15 @@ def test_time_budget_skips_candidates_not_yet_started(kompile_run, write_manifes
     for name in ("second", "third"):
         assert cands[name]["phase"] == "Skipped" and cands[name]["reason"] == "BudgetSpent"
         assert "time budget of 1 s" in cands[name]["message"]
+
+
+def test_remedies_are_for_int8_only(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    """A float candidate that fails validation has no int8 remedy to try: before, ONNX Runtime's
+    fp32 build was followed by 'static int8 with the sensitive layers kept in float', which built
+    the same fp32 artifact again (same digest) under a misleading name."""
+    strict = {"name": "cpu", "precision": "fp32", "tolerances": {"maxAbsError": 0.0, "minCosine": 1.0}}
+    res = kompile_run(write_manifest(small_cnn_doc(targets=[strict])), "--no-register")
+    (t,) = res.status["targets"]
+    names = [c["name"] for c in t["candidates"]]
+    assert any(c["reason"] == "ValidationFailed" for c in t["candidates"]), t["candidates"]
+    assert all(n.endswith("-fp32") for n in names), names
