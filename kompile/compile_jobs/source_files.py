@@ -262,6 +262,14 @@ def check_tensor_io(path: Path, model: Any) -> None:
             raise SourceError(f"{path}: {role} {value.name!r} is {_kind(value.type)}, not a tensor; {hint}")
 
 
+def read_onnx_source(path: Path) -> tuple[Any, str]:
+    """An ONNX source's graph (without its external data), checked to take and give tensors, and its
+    quantized operators (quantized_ops)."""
+    model = read_onnx_graph(path)
+    check_tensor_io(path, model)
+    return model, quantized_ops(model)
+
+
 def check_onnx(path: Path, model: Any | None = None) -> list[str]:
     """Parse the graph (without its weights' external data) unless given, and check every external
     data file; returns their locations, relative to the model's folder."""

@@ -266,9 +266,7 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     lineage = {"mlflow.source.uri": uri}
     onnx_files = sorted(local.rglob("*.onnx"))
     if onnx_files:
-        graph = source_files.read_onnx_graph(onnx_files[0])
-        source_files.check_tensor_io(onnx_files[0], graph)
-        quantized = source_files.quantized_ops(graph)
+        _, quantized = source_files.read_onnx_source(onnx_files[0])
         return LoadedSource(
             uri, "mlflow", digest, onnx_path=onnx_files[0], lineage=lineage, quantized=quantized
         )
@@ -339,14 +337,12 @@ def load_source(
     else:
         path = fetch(source.uri, cache_dir, base_dir, s3_endpoint)
         if fmt == "onnx":
-            graph = source_files.read_onnx_graph(path)
-            source_files.check_tensor_io(path, graph)
+            graph, quantized = source_files.read_onnx_source(path)
             external = source_files.external_files(path, graph)
             _fetch_external_data(source.uri, external, cache_dir, s3_endpoint)
             source_files.check_beside(path, external)
             # The weights are the model: a changed external data file is a changed source.
             digest = sha256_files([path, *(path.parent / f for f in external)])
-            quantized = source_files.quantized_ops(graph)
             loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path, quantized=quantized)
         else:
             module, program = _load_torch_file(path, fmt)
