@@ -62,10 +62,35 @@ def eager_outputs(
                 raise ExportError(
                     f"{module_label(module)} failed on inputs shaped "
                     f"{ {k: list(v.shape) for k, v in feed.items()} }: {_first_line(err)}; "
+                    f"{_dtype_hint(module, signature)}"
                     "check spec.inputs (names, dtypes, shapes) against the model's forward()"
                 ) from None
             results.append([t.detach().float().cpu().numpy() for t in flatten_outputs(out)])
     return results
+
+
+def _dtype_hint(module: Any, signature: Sequence[InputSpec]) -> str:
+    """Say so when the model's floating weights are not in the dtype its float inputs declare (a
+    checkpoint saved after .half()): the usual cause of a dtype mismatch in the first layer."""
+    import torch
+
+    weights = (
+        {
+            str(t.dtype).removeprefix("torch.")
+            for t in [*module.parameters(), *module.buffers()]
+            if t.is_floating_point()
+        }
+        if isinstance(module, torch.nn.Module)
+        else set()
+    )
+    declared = {s.dtype for s in signature if s.dtype.startswith(("float", "bfloat"))}
+    if len(weights) != 1 or not declared or weights == declared:
+        return ""
+    (dtype,) = weights
+    return (
+        f"the model's weights are {dtype} and spec.inputs declares {', '.join(sorted(declared))}: "
+        f"set dtype: {dtype} on those inputs, or give kompile the model after .float(); "
+    )
 
 
 def eager_callable(module: Any, feed: Feed, signature: Sequence[InputSpec]) -> Any:

@@ -327,6 +327,12 @@ class InductorRunner:
 # The backend
 
 
+def _already(module: Any, device: str, dtype: torch.dtype) -> bool:
+    """Whether every floating weight of the module is on `device` in `dtype` (to() changes nothing)."""
+    tensors = [*module.parameters(), *module.buffers()] if isinstance(module, torch.nn.Module) else []
+    return all(t.device.type == device and (t.dtype == dtype or not t.is_floating_point()) for t in tensors)
+
+
 class InductorBackend(Backend):
     name = "inductor"
 
@@ -357,9 +363,9 @@ class InductorBackend(Backend):
         dtype = DTYPES[target.precision]
         threads = opts.intra_op_threads or request.threads or available_cores()
         label = module_label(request.module)
-        module = (
-            request.module if dtype == torch.float32 and device == "cpu" else copy.deepcopy(request.module)
-        )
+        # Module.to() converts in place: a copy unless the source already is on this device in this
+        # dtype, so that the eager reference and benchmark keep the model as the user gave it.
+        module = request.module if _already(request.module, device, dtype) else copy.deepcopy(request.module)
         module = module.to(device=device, dtype=dtype).eval()
         dtypes = input_dtypes(request.signature, dtype)
         feed = example_feed(request.signature, request.calibration)
