@@ -439,7 +439,8 @@ def reference_results(
         return RunResults(f"source:{label}", [], [], [])
     if module is not None:
         outputs = [list(o) for o in export.eager_outputs(module, feeds, signature)]
-        names = export.names_for_outputs(len(outputs[0])) if outputs else []
+        inputs = [s.name for s in signature]
+        names = export.names_for_outputs(len(outputs[0]), module, inputs) if outputs else []
         if onnx_path is not None:
             names = [o.name for o in triton.onnx_io(onnx_path)[1]]
         return RunResults(f"eager:{label}", names, outputs, feeds)

@@ -127,8 +127,23 @@ def _construct(err: BaseException) -> str:
     return _first_line(err)
 
 
-def names_for_outputs(count: int) -> list[str]:
-    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+def names_for_outputs(count: int, module: Any = None, inputs: Sequence[str] = ()) -> list[str]:
+    """Serving names of the outputs: what the model's dict or NamedTuple called them (logits,
+    pooler_output; source_module.leaf_names), else output / output_<i>. Made safe for every
+    server's naming rules, unique, and distinct from the input names (an ONNX output that
+    shares an input's name would be that input)."""
+    given = getattr(module, "leaf_names", None) if getattr(module, "wraps_source", False) else None
+    if not given or len(given) != count:
+        given = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+    names: list[str] = []
+    taken = set(inputs)
+    for i, raw in enumerate(given):
+        name = re.sub(r"[^A-Za-z0-9_]", "_", raw) or f"output_{i}"
+        while name in taken:
+            name += "_out"
+        taken.add(name)
+        names.append(name)
+    return names
 
 
 def torch_io(
@@ -172,7 +187,7 @@ def export_onnx(
     dynamic_axes: dict[str, dict[int, str]] = {
         s.name: {d.axis: d.name for d in s.dynamic_dims} for s in signature if s.dynamic_dims
     }
-    output_names = names_for_outputs(len(eager_outputs(module, [example], signature)[0]))
+    output_names = names_for_outputs(len(eager_outputs(module, [example], signature)[0]), module, names)
     batch_axes = {d.axis: d.name for d in (signature[0].dynamic_dims or []) if d.axis == 0}
     for name in output_names:
         if batch_axes:

@@ -42,16 +42,41 @@ def _flat(out: Any) -> bool:
     )
 
 
+def leaf_names(out: Any) -> list[str] | None:
+    """What a structured output calls each of its tensors, in flatten order: the dict key or
+    NamedTuple field, with the positions below it (hidden_states_0). None when it names none (a
+    tensor, a plain tuple): the serving names then stay output / output_<i>."""
+    paths = [path for path, leaf in pytree.tree_flatten_with_path(out)[0] if isinstance(leaf, torch.Tensor)]
+    names: list[str] = []
+    for i, path in enumerate(paths):
+        keyed = [j for j, k in enumerate(path) if isinstance(k, (pytree.MappingKey, pytree.GetAttrKey))]
+        parts = [_key_text(k) for k in path[keyed[0] :]] if keyed else []
+        names.append("_".join(parts) if parts else f"output_{i}")
+    return names if any(not n.startswith("output_") for n in names) else None
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, pytree.MappingKey):
+        return str(key.key)
+    if isinstance(key, pytree.GetAttrKey):
+        return str(key.name)
+    return str(getattr(key, "idx", key))
+
+
 class SourceModule(torch.nn.Module):  # type: ignore[misc]
-    """The user's module called by input name, its outputs flattened to a tuple of tensors."""
+    """The user's module called by input name, its outputs flattened to a tuple of tensors;
+    `leaf_names` keeps what the model called them, for the serving names."""
 
     wraps_source = True  # sources.module_label names the class inside (torch-free code reads it)
 
-    def __init__(self, inner: torch.nn.Module, names: Sequence[str], by_name: bool) -> None:
+    def __init__(
+        self, inner: torch.nn.Module, names: Sequence[str], by_name: bool, leaves: list[str] | None = None
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.names = list(names)
         self.by_name = by_name
+        self.leaf_names = leaves
 
     def train(self, mode: bool = True) -> SourceModule:
         # The wrapper's flag only: the module inside was put in eval mode where it was loaded, and
@@ -85,4 +110,4 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
         out = None
     if not by_name and (out is None or _flat(out)):
         return module
-    return SourceModule(module, names, by_name).eval()
+    return SourceModule(module, names, by_name, None if out is None else leaf_names(out)).eval()

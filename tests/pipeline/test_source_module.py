@@ -81,6 +81,25 @@ def test_a_dict_of_heads_validates_with_its_outputs_in_written_order(
     # Written order: scores (1 wide) first, then boxes (4 wide); sorted keys would swap them.
     shapes = [o.shape for o in session.run(None, {"x": np.zeros((1, 16), np.float32)})]
     assert shapes == [(1, 1), (1, 4)]
+    # Served under the names the model gave them, not output_0 and output_1.
+    assert [o.name for o in session.get_outputs()] == ["scores", "boxes"]
+    assert [o["name"] for o in targets["ort"]["validation"]["outputs"]] == ["scores", "boxes"]
+    config = (repo / "heads" / "config.pbtxt").read_text()
+    assert 'name: "scores"' in config and 'name: "boxes"' in config
+
+
+def test_output_names_are_safe_unique_and_not_an_input_name() -> None:
+    from kompile.compile_jobs.export import names_for_outputs
+    from kompile.compile_jobs.source_module import leaf_names
+
+    out = {"logits": torch.ones(1), "hidden states": (torch.ones(1), torch.ones(1)), "x": torch.ones(1)}
+    wrapped = SourceModule(torch.nn.Identity(), ["x"], False, leaf_names(out))
+    names = names_for_outputs(4, wrapped, ["x"])
+    assert names == ["logits", "hidden_states_0", "hidden_states_1", "x_out"]
+    # A plain tuple names nothing; a count that no longer matches falls back too.
+    assert leaf_names((torch.ones(1), torch.ones(1))) is None
+    assert names_for_outputs(2, wrapped) == ["output_0", "output_1"]
+    assert names_for_outputs(1) == ["output"]
 
 
 def test_a_hugging_face_automodel_as_it_comes(
@@ -102,7 +121,7 @@ def test_a_hugging_face_automodel_as_it_comes(
     )
     targets = _succeeded(kompile_run(write_manifest(doc), "--no-register"))
     outputs = targets["ort"]["validation"]["outputs"]
-    assert [o["name"] for o in outputs] == ["output_0", "output_1"]  # last_hidden_state, pooler_output
+    assert [o["name"] for o in outputs] == ["last_hidden_state", "pooler_output"]
     assert all(o["cosine"] > 0.9999 for o in outputs)
 
 
