@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from kompile.api.resource import CompiledModel, ManifestError, load_manifest
+from kompile.api.resource import CompiledModel, ManifestError, load_manifest, load_manifests
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -83,6 +83,12 @@ def run(
     dim: DimOption = None,
     precision: PrecisionOption = None,
     backend: BackendOption = "auto",
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="The CompiledModel to run, in a file holding several; for a model file, its metadata.name."
+        ),
+    ] = None,
 ) -> None:
     """Compile, validate, benchmark and register MANIFEST's model on this machine. Given a model
     file instead, read its inputs, compile it for this machine and print the manifest used."""
@@ -90,12 +96,12 @@ def run(
 
     written: str | None = None
     if starter_is_model(manifest):
-        cm, written = _starter_manifest(manifest, manifest.name, dim, precision, backend)
+        cm, written = _starter_manifest(manifest, manifest.name, dim, precision, backend, name)
     elif dim or precision or backend != "auto":
         raise _fail("--dim, --precision and --backend apply to model files; edit the manifest instead")
     else:
         try:
-            cm = load_manifest(manifest)
+            cm = load_manifest(manifest, name)
         except ManifestError as err:
             raise _fail(str(err)) from None
     settings = LocalRunSettings(
@@ -192,12 +198,13 @@ def init(
 
 @app.command()
 def check(manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file.")]) -> None:
-    """Validate a manifest against the API without running anything."""
+    """Validate a manifest (every CompiledModel in it) against the API without running anything."""
     try:
-        cm = load_manifest(manifest)
+        models = load_manifests(manifest)
     except ManifestError as err:
         raise _fail(str(err)) from None
-    err_console.print(f"{manifest}: valid CompiledModel {cm.metadata.name!r}")
+    for cm in models:
+        err_console.print(f"{manifest}: valid CompiledModel {cm.metadata.name!r}")
 
 
 @app.command()

@@ -132,9 +132,8 @@ def _binary_hint(p: Path) -> str:
     )
 
 
-def load_manifest(path: str | Path) -> CompiledModel:
-    """Read a YAML file holding one CompiledModel document."""
-    p = Path(path)
+def _model_documents(p: Path) -> list[dict[str, Any]]:
+    """The CompiledModel documents of a YAML file, unparsed, in file order."""
     if p.is_dir() and (p / "config.json").is_file():
         raise ManifestError(
             f"{p}: a Hugging Face model folder, not a manifest: `kompile run {p}` compiles it, "
@@ -156,6 +155,37 @@ def load_manifest(path: str | Path) -> CompiledModel:
     except yaml.YAMLError as err:
         raise ManifestError(f"{p}: not valid YAML: {err}") from None
     models = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
-    if len(models) != 1:
-        raise ManifestError(f"{p}: expected exactly one CompiledModel document, found {len(models)}")
+    if not models and len(docs) == 1:
+        parse_manifest(docs[0], str(p))  # raises, saying which of apiVersion and kind is wrong
+    if not models:
+        raise ManifestError(f"{p}: no CompiledModel document (kind: {KIND}) among its {len(docs)} documents")
+    return models
+
+
+def _name_of(doc: dict[str, Any]) -> str:
+    meta = doc.get("metadata")
+    return str(meta.get("name", "")) if isinstance(meta, dict) else ""
+
+
+def load_manifest(path: str | Path, name: str | None = None) -> CompiledModel:
+    """Read the CompiledModel document of a YAML file: the only one, or the one called `name` in
+    a file holding several (as `kubectl apply -f` takes them)."""
+    p = Path(path)
+    models = _model_documents(p)
+    names = [_name_of(d) for d in models]
+    if name is not None:
+        if name not in names:
+            raise ManifestError(f"{p}: no CompiledModel named {name!r} in it (it holds: {', '.join(names)})")
+        return parse_manifest(models[names.index(name)], str(p))
+    if len(models) > 1:
+        raise ManifestError(
+            f"{p}: holds {len(models)} CompiledModels ({', '.join(names)}): pick one with --name "
+            f"{names[0] or 'NAME'}, or put each in its own file"
+        )
     return parse_manifest(models[0], str(p))
+
+
+def load_manifests(path: str | Path) -> list[CompiledModel]:
+    """Every CompiledModel document of a YAML file, each parsed and validated."""
+    p = Path(path)
+    return [parse_manifest(d, str(p)) for d in _model_documents(p)]

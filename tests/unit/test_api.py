@@ -152,6 +152,32 @@ def test_wrong_kind_is_refused() -> None:
         parse_manifest(doc)
 
 
+def test_a_file_of_several_models_names_them_and_runs_the_one_picked(tmp_path: Path) -> None:
+    """A GitOps file holds several CompiledModels (and other kinds) as kubectl apply takes them:
+    `kompile run` said only 'expected exactly one CompiledModel document, found 2'."""
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "models"}}
+    second = minimal() | {"metadata": {"name": "m2"}}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump_all([namespace, minimal(), second]))
+    with pytest.raises(ManifestError, match=r"holds 2 CompiledModels \(m, m2\): pick one with --name m"):
+        load_manifest(path)
+    assert load_manifest(path, "m2").metadata.name == "m2"
+    with pytest.raises(ManifestError, match=r"no CompiledModel named 'm3' in it \(it holds: m, m2\)"):
+        load_manifest(path, "m3")
+    checked = CliRunner().invoke(app, ["check", str(path)])
+    assert checked.exit_code == 0, checked.stderr
+    assert "valid CompiledModel 'm'" in checked.stderr and "valid CompiledModel 'm2'" in checked.stderr
+    refused = CliRunner().invoke(app, ["run", str(path), "--name", "m3"])
+    assert refused.exit_code == 2 and "it holds: m, m2" in refused.stderr
+    path.write_text(yaml.safe_dump(namespace))
+    with pytest.raises(ManifestError, match="got apiVersion: 'v1', kind: 'Namespace'"):
+        load_manifest(path)
+
+
 def test_missing_and_broken_files(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="no such manifest"):
         load_manifest(tmp_path / "nope.yaml")
