@@ -145,11 +145,14 @@ def test_run_a_pt2_file_with_flags(tmp_path: Path) -> None:
         "onnxruntime",
         "--dim",
         "frames_dim1=2:16:64",
+        "--name",
+        "speech-v2",
     )
     assert code == 0, err
     (t,) = __import__("json").loads(out)["targets"]
     assert t["phase"] == "Succeeded" and t["backend"] == "onnxruntime"
     assert "{axis: 1, name: frames_dim1, min: 2, opt: 16, max: 64}" in err
+    assert "name: speech-v2" in err and "/artifacts/speech-v2/" in t["artifact"]["uri"]
 
 
 def test_a_bad_model_file_or_flag_is_a_clear_error(tmp_path: Path) -> None:
