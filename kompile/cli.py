@@ -90,8 +90,10 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Compile, validate, benchmark and register MANIFEST's model on this machine. Given a model
-    file instead, read its inputs, compile it for this machine and print the manifest used."""
+    """Compile, validate, benchmark and register a model on this machine.
+
+    MANIFEST is a CompiledModel YAML file. Given a model file instead, kompile reads its inputs,
+    compiles it for this machine and prints the manifest it used."""
     from kompile.local_run import LocalRunSettings, execute
 
     written: str | None = None
