@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,6 +60,11 @@ class BuildContext:
     reporter: StageReporter
     arch: str | None = None
     """The class's architecture (kubernetes.io/arch); None: any (auto offers every CPU backend)."""
+    packaged: list[Path] = field(default_factory=list)
+    """Build folders whose files are in an artifact now: removed when the run ends."""
+
+    def build_dir(self, label: str) -> Path:
+        return self.work_dir / "build" / label
 
 
 def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget:
@@ -296,7 +301,9 @@ def build_target(
         return None
     artifact, runner = compiled
     if runner is None:
-        return export_only(ctx, backend, target, ts, artifact, repo_name, device)
+        exported = export_only(ctx, backend, target, ts, artifact, repo_name, device)
+        ctx.packaged.append(ctx.build_dir(label))
+        return exported
     started = time.perf_counter()
     ctx.reporter.stage(label, "validating against the source model")
     outputs = run_step(ctx, runner, target, ts)
@@ -308,6 +315,7 @@ def build_target(
         ts.message = f"exported at static shapes {static} (the signature's opt): it runs only at these"
     ts.validation_seconds = round(time.perf_counter() - started, 3)
     repo_root = package_step(ctx, target, ts, artifact, outputs, repo_name, device)
+    ctx.packaged.append(ctx.build_dir(label))
     digest = ts.artifact.digest if ts.artifact else ""
     params = {
         "backend": target.backend,
@@ -355,7 +363,10 @@ def compile_step(
     """The backend builds the artifact and loads exactly what it built (nothing to load for an
     export-only backend); CompileFailed otherwise."""
     cm = ctx.cm
-    out_dir = ctx.work_dir / "build" / label
+    out_dir = ctx.build_dir(label)
+    # An empty folder: nothing an earlier run left here can reach this artifact (and no file that
+    # an earlier artifact shares by hard link is written over).
+    shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx.reporter.stage(label, f"compiling with {target.backend} {backend.version()} at {target.precision}")
     started = time.perf_counter()

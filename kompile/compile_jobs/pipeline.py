@@ -8,7 +8,9 @@ Job's pod (the one target it was launched for). Failures of one target never sto
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,9 @@ from kompile.compile_jobs.build import BuildContext, plan_target, reference_resu
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
+
+EXPORT_DIR = "export"
+"""The work dir's folder for the ONNX export, removed when the run ends."""
 
 
 class Reporter(Protocol):
@@ -155,7 +160,18 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
             write_result(built, cm, loaded.digest)
         reporter.finished(p.status)
     summarize(status, cm.metadata.generation)
+    _tidy(ctx, opts.work_dir / EXPORT_DIR)
     return result
+
+
+def _tidy(ctx: BuildContext, export_dir: Path) -> None:
+    """Remove what the run's artifacts now hold (each packaged build folder) and the ONNX export:
+    a run leaves one copy of each artifact, not three. A failed build keeps its folder and log."""
+    for folder in ctx.packaged:
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a candidate's target/ folder, once its last one is gone
+            folder.parent.rmdir()
+    shutil.rmtree(export_dir, ignore_errors=True)
 
 
 def _device(target: Target, opts: PipelineOptions) -> str:
@@ -183,7 +199,7 @@ def _export_if_consumed(
         reporter.stage(None, f"reading the ONNX graph of {loaded.label}")
     else:
         reporter.stage(None, f"exporting {loaded.label} to ONNX")
-    out = opts.work_dir / "export" / "model.onnx"
+    out = opts.work_dir / EXPORT_DIR / "model.onnx"
     path, _ = export.export_onnx(loaded, cm.spec.inputs, feeds[0], out, lambda m: reporter.stage(None, m))
     return path
 

@@ -6,6 +6,7 @@ without files; `write_model_repository` is the thin side-effecting shell around 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Mapping, Sequence
@@ -126,6 +127,17 @@ def cc_plan_filename(compute_capability: str) -> str:
     return f"model_sm{major}{minor}.plan"
 
 
+def place(src: Path, dst: Path) -> None:
+    """dst gets src's content: a hard link where both are on one filesystem (a multi-GB model is
+    not on disk twice while the run holds its build), else a copy. The build folder is emptied
+    before each build and removed after the run, so the shared file is never written over."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem (EXDEV), or one without hard links
+        shutil.copyfile(src, dst)
+
+
 def write_model_repository(
     root: Path, model_name: str, files: Sequence[tuple[Path, str]], config: str | None
 ) -> Path:
@@ -135,7 +147,7 @@ def write_model_repository(
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     for path, name in files:
-        shutil.copyfile(path, version_dir / name)
+        place(path, version_dir / name)
     if config is not None:
         (model_dir / "config.pbtxt").write_text(config)
     return model_dir
