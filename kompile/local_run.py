@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,14 @@ from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.inputs import InputMismatch
-from kompile.compile_jobs.pipeline import BuiltTarget, LogReporter, PipelineOptions, Reporter, run_pipeline
+from kompile.compile_jobs.pipeline import (
+    BuiltTarget,
+    LogReporter,
+    PipelineOptions,
+    Reporter,
+    plan_targets,
+    run_pipeline,
+)
 from kompile.compile_jobs.sources import SourceError
 from kompile.operator import latest
 
@@ -53,6 +61,29 @@ class RichReporter:
 
     def stop(self) -> None:
         self.status.stop()
+
+
+def _unknown_targets(cm: CompiledModel, wanted: list[str] | None) -> str | None:
+    """--target names the manifest does not have, said before any work (fleet names included)."""
+    names = [t.name for t in plan_targets(cm)]
+    unknown = [w for w in wanted or [] if w not in names]
+    if not unknown:
+        return None
+    return (
+        f"--target {', '.join(unknown)}: {cm.metadata.name} has no such target; its targets: "
+        f"{', '.join(names)}"
+    )
+
+
+def _unwritable(folder: Path, flag: str) -> str | None:
+    """A folder the run cannot create or write into, named before any work (not after a compile)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot create {folder} ({flag}): {err.strerror}; give {flag} a folder you can write"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write into {folder} ({flag}): permission denied; give {flag} a folder you can write"
+    return None
 
 
 def _artifact_root(cm: CompiledModel, s: LocalRunSettings) -> Path:
@@ -113,11 +144,16 @@ def _point_latest(
 
 def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[int, str | None]:
     """Run and report. Returns (exit code, error message for bad input or None)."""
-    s.work_dir.mkdir(parents=True, exist_ok=True)
+    problem = _unknown_targets(cm, s.targets) or _unwritable(s.work_dir, "--work-dir")
+    artifact_root = _artifact_root(cm, s)
+    via = "--artifacts" if s.artifacts is not None else "spec.registry.artifactStore"
+    problem = problem or _unwritable(artifact_root, via)
+    if problem:
+        return 2, problem
     opts = PipelineOptions(
         base_dir=s.manifest.parent.resolve(),
         work_dir=s.work_dir.resolve(),
-        artifact_root=_artifact_root(cm, s),
+        artifact_root=artifact_root,
         only_targets=s.targets,
     )
     live = console.is_terminal and not s.json_out

@@ -1,0 +1,33 @@
+"""`kompile run` flags that name something wrong are input errors (exit 2) said before any work:
+`--target` with a name the manifest does not have ran the whole source load and export, then
+printed an empty table and "no target can run on this machine: " with nothing after it; an
+unwritable `--work-dir` or `--artifacts` ended as "kompile failed unexpectedly: FileNotFoundError"."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.pipeline.conftest import small_cnn_doc
+
+
+def test_an_unknown_target_is_named_with_the_ones_there_are(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    res = kompile_run(write_manifest(small_cnn_doc()), "--no-register", "--target", "gpu-fp16")
+    assert res.code == 2
+    assert "--target gpu-fp16: small has no such target; its targets: cpu-fp32" in res.stderr, res.stderr
+    assert "loading source" not in res.stderr  # said before any work
+
+
+def test_fleet_targets_are_listed_by_their_generated_names(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc(targets=None, fleet={"enabled": True, "precisions": ["fp32", "int8"]})
+    del doc["spec"]["targets"]
+    res = kompile_run(write_manifest(doc), "--no-register", "--target", "cpu-fp32")
+    assert res.code == 2
+    assert "its targets: cpu-" in res.stderr and "-fp32, cpu-" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("flag", ["--work-dir", "--artifacts"])
+def test_a_folder_that_cannot_be_made_is_an_input_error(kompile_run, write_manifest, flag: str) -> None:  # type: ignore[no-untyped-def]
+    # Under /proc nothing can be created, even by root.
+    res = kompile_run(write_manifest(small_cnn_doc()), "--no-register", flag, "/proc/kompile-here")
+    assert res.code == 2, res.stderr
+    assert "cannot create /proc/kompile-here" in res.stderr and "unexpectedly" not in res.stderr, res.stderr
