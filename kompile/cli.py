@@ -186,10 +186,10 @@ def init(
     import os
 
     path = out or (model.parent / f"{model.name}.yaml" if model.is_dir() else model.with_suffix(".yaml"))
+    source = Path(os.path.relpath(model.resolve(), path.resolve().parent)).as_posix()
+    _, text = _starter_manifest(model, source, dim, precision, backend, name)  # refuses a non-model first
     if path.exists() and not force:
         raise _fail(f"{path} exists: pass --force to overwrite it, or --out another file")
-    source = Path(os.path.relpath(model.resolve(), path.resolve().parent)).as_posix()
-    _, text = _starter_manifest(model, source, dim, precision, backend, name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -67,6 +67,11 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
     from kompile.compile_jobs.signature import input_specs, read_signature
 
     fmt = model_format(model)
+    if fmt is None and model.suffix.lower() in (".yaml", ".yml"):
+        raise StarterError(
+            f"{model} is a manifest already (init writes one for a model file): run it with "
+            f"`kompile run {model}`, or check it with `kompile check {model}`"
+        )
     if fmt is None:
         raise StarterError(
             f"{model}: kompile writes manifests for .onnx and .pt2 files and Hugging Face model folders"

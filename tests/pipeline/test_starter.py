@@ -167,3 +167,7 @@ def test_a_bad_model_file_or_flag_is_a_clear_error(tmp_path: Path) -> None:
     manifest.write_text("apiVersion: kompile.dev/v1alpha1\n")
     code, _, err = _cli("run", str(manifest), "--dim", "batch=1:1:2")
     assert code == 2 and "apply to model files" in err
+    # init on a manifest said "m.yaml exists: pass --force to overwrite it" (the manifest itself).
+    code, _, err = _cli("init", str(manifest))
+    assert code == 2 and "is a manifest already" in err and f"kompile run {manifest}" in err, err
+    assert manifest.read_text() == "apiVersion: kompile.dev/v1alpha1\n"
