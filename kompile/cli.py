@@ -40,7 +40,10 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: kompile's own bug, not the input
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # Escaped: a message quotes user text (paths, model names) that may hold [brackets].
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -318,9 +321,24 @@ def operator(
 ) -> None:
     """Run the Kubernetes operator (settings from KOMPILE_* environment variables)."""
     import kopf
+    from kubernetes.config import ConfigException
 
-    from kompile.operator import main as operator_main
+    from kompile.operator.kube import load_config
+    from kompile.operator.settings import SettingsError
 
+    try:
+        from kompile.operator import main as operator_main  # reads the settings
+    except SettingsError as err:
+        raise _fail(str(err)) from None
+    try:
+        load_config()
+    except ConfigException as err:
+        where = os.environ.get("KUBECONFIG", "~/.kube/config")
+        raise _fail(
+            f"no Kubernetes credentials: not in a pod (no service account token) and no usable "
+            f"kubeconfig at {where} ({err}); set KUBECONFIG to a kubeconfig file, or install the "
+            "operator in the cluster (helm install kompile helm/kompile)"
+        ) from None
     s = operator_main.SETTINGS
     err_console.print(
         f"kompile operator: watching {', '.join(s.namespaces) or 'all namespaces'}; "

@@ -22,6 +22,36 @@ def _own_namespace(env: Mapping[str, str]) -> str:
         return "default"
 
 
+class SettingsError(ValueError):
+    """A KOMPILE_* setting the operator cannot use; the message names the variable."""
+
+
+def _whole(env: Mapping[str, str], key: str, default: int) -> int:
+    return int(_parsed(env, key, default, int, "a whole number"))
+
+
+def _number(env: Mapping[str, str], key: str, default: float) -> float:
+    return _parsed(env, key, default, float, "a number")
+
+
+def _parsed(env: Mapping[str, str], key: str, default: float, kind: type[float], what: str) -> float:
+    text = env.get(key)
+    try:
+        return default if text is None else kind(text)
+    except ValueError:
+        raise SettingsError(f"{key}: expected {what}, got {text!r}") from None
+
+
+def _store(env: Mapping[str, str], default: str) -> str:
+    uri = env.get("KOMPILE_ARTIFACT_STORE", default)
+    if not uri.startswith(("s3://", "file://")):
+        raise SettingsError(
+            f"KOMPILE_ARTIFACT_STORE: {uri!r} is neither s3://bucket/prefix nor file:///path (a "
+            "folder every compile Job mounts)"
+        )
+    return uri
+
+
 def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
@@ -150,27 +180,27 @@ class Settings:
             envs_image=e.get("KOMPILE_ENVS_IMAGE") or d.envs_image,
             gpu_envs_image=e.get("KOMPILE_GPU_ENVS_IMAGE") or d.gpu_envs_image,
             image_pull_policy=e.get("KOMPILE_IMAGE_PULL_POLICY", d.image_pull_policy),
-            artifact_store=e.get("KOMPILE_ARTIFACT_STORE", d.artifact_store),
+            artifact_store=_store(e, d.artifact_store),
             s3_endpoint=e.get("KOMPILE_S3_ENDPOINT") or None,
             store_secret=e.get("KOMPILE_STORE_SECRET") or None,
             tracking_uri=e.get("MLFLOW_TRACKING_URI") or None,
             allowed_endpoints=_csv(e.get("KOMPILE_ALLOWED_ENDPOINTS")),
             allowed_secrets=_csv(e.get("KOMPILE_ALLOWED_SECRETS")),
             backend_versions=versions,
-            job_deadline_seconds=int(e.get("KOMPILE_JOB_DEADLINE_SECONDS", d.job_deadline_seconds)),
-            job_backoff_limit=int(e.get("KOMPILE_JOB_BACKOFF_LIMIT", d.job_backoff_limit)),
-            job_ttl_seconds=int(e.get("KOMPILE_JOB_TTL_SECONDS", d.job_ttl_seconds)),
+            job_deadline_seconds=_whole(e, "KOMPILE_JOB_DEADLINE_SECONDS", d.job_deadline_seconds),
+            job_backoff_limit=_whole(e, "KOMPILE_JOB_BACKOFF_LIMIT", d.job_backoff_limit),
+            job_ttl_seconds=_whole(e, "KOMPILE_JOB_TTL_SECONDS", d.job_ttl_seconds),
             scratch_size=e.get("KOMPILE_SCRATCH_SIZE", d.scratch_size),
             runtime_class_gpu=e.get("KOMPILE_GPU_RUNTIME_CLASS") or None,
-            health_port=int(e.get("KOMPILE_HEALTH_PORT", d.health_port)),
-            metrics_port=int(e.get("KOMPILE_METRICS_PORT", d.metrics_port)),
+            health_port=_whole(e, "KOMPILE_HEALTH_PORT", d.health_port),
+            metrics_port=_whole(e, "KOMPILE_METRICS_PORT", d.metrics_port),
             kserve_namespace=e.get("KOMPILE_KSERVE_NAMESPACE", d.kserve_namespace),
-            resync_seconds=float(e.get("KOMPILE_RESYNC_SECONDS", d.resync_seconds)),
-            call_timeout_seconds=float(e.get("KOMPILE_CALL_TIMEOUT_SECONDS", d.call_timeout_seconds)),
-            workers=max(1, int(e.get("KOMPILE_WORKERS", d.workers))),
+            resync_seconds=_number(e, "KOMPILE_RESYNC_SECONDS", d.resync_seconds),
+            call_timeout_seconds=_number(e, "KOMPILE_CALL_TIMEOUT_SECONDS", d.call_timeout_seconds),
+            workers=max(1, _whole(e, "KOMPILE_WORKERS", d.workers)),
             lease_name=e.get("KOMPILE_LEASE_NAME", d.lease_name),
             lease_namespace=e.get("KOMPILE_LEASE_NAMESPACE") or _own_namespace(e),
-            lease_duration_seconds=float(e.get("KOMPILE_LEASE_DURATION_SECONDS", d.lease_duration_seconds)),
+            lease_duration_seconds=_number(e, "KOMPILE_LEASE_DURATION_SECONDS", d.lease_duration_seconds),
             gpu_tensorrt_version=e.get("KOMPILE_GPU_TENSORRT_VERSION") or None,
             serving_tensorrt_version=e.get("KOMPILE_SERVING_TENSORRT_VERSION") or None,
             triton_runtime_version=e.get("KOMPILE_TRITON_RUNTIME_VERSION") or None,
