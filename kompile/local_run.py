@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,12 +77,20 @@ def _unknown_targets(cm: CompiledModel, wanted: list[str] | None) -> str | None:
 
 
 def _unwritable(folder: Path, flag: str) -> str | None:
-    """A folder the run cannot create or write into, named before any work (not after a compile)."""
+    """A folder the run cannot create or write into, named before any work (not after a compile).
+    What is made to find out is removed again: a run refused later leaves nothing behind."""
+    target = folder.absolute()
+    made = None if target.exists() else target
+    while made is not None and not made.parent.exists():
+        made = made.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        target.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         return f"cannot create {folder} ({flag}): {err.strerror}; give {flag} a folder you can write"
-    if not os.access(folder, os.W_OK | os.X_OK):
+    writable = os.access(target, os.W_OK | os.X_OK)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+    if not writable:
         return f"cannot write into {folder} ({flag}): permission denied; give {flag} a folder you can write"
     return None
 
@@ -150,6 +159,7 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     problem = problem or _unwritable(artifact_root, via)
     if problem:
         return 2, problem
+    s.work_dir.mkdir(parents=True, exist_ok=True)
     opts = PipelineOptions(
         base_dir=s.manifest.parent.resolve(),
         work_dir=s.work_dir.resolve(),
