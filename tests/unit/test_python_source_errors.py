@@ -1,0 +1,67 @@
+"""A python:// factory or module that raises is the user's code failing, said as such with where
+(file:line) and what to change, exit 2. It was "kompile failed unexpectedly ... This is a bug in
+kompile" for a factory whose weights file was missing or whose state_dict did not fit, and for a
+module that failed at import with anything but an ImportError."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kompile.compile_jobs.sources import SourceError, _load_python
+
+FACTORIES = """
+import torch
+
+
+def needs_weights():
+    model = torch.nn.Linear(4, 2)
+    model.load_state_dict(torch.load("weights/missing.pt"))
+    return model
+
+
+def wrong_keys():
+    model = torch.nn.Linear(4, 2)
+    model.load_state_dict({"weight": torch.zeros(3, 3)})
+    return model
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
+    for name in [m for m in sys.modules if m in ("userfactories", "brokenmodule")]:
+        del sys.modules[name]
+
+
+def _error(uri: str, folder: Path) -> str:
+    with pytest.raises(SourceError) as info:
+        _load_python(uri, folder)
+    return str(info.value)
+
+
+def test_a_missing_weights_file_says_where_relative_paths_resolve(tmp_path: Path) -> None:
+    (tmp_path / "userfactories.py").write_text(FACTORIES)
+    message = _error("python://userfactories:needs_weights", tmp_path)
+    assert "needs_weights() raised FileNotFoundError" in message, message
+    assert "weights/missing.pt" in message and "userfactories.py:7" in message, message
+    assert "Path(__file__).parent" in message and str(Path.cwd()) in message, message
+
+
+def test_a_state_dict_that_does_not_fit_is_the_factory_failing(tmp_path: Path) -> None:
+    (tmp_path / "userfactories.py").write_text(FACTORIES)
+    message = _error("python://userfactories:wrong_keys", tmp_path)
+    assert "wrong_keys() raised RuntimeError: Error(s) in loading state_dict for Linear" in message
+    assert "userfactories.py:13" in message, message
+
+
+def test_a_module_failing_at_import_is_named(tmp_path: Path) -> None:
+    (tmp_path / "brokenmodule.py").write_text("import torch\nVALUE = undefined_name\n")
+    message = _error("python://brokenmodule:make", tmp_path)
+    assert "cannot import 'brokenmodule'" in message and "NameError" in message, message
+    assert "brokenmodule.py:2" in message, message
