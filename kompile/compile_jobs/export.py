@@ -23,6 +23,7 @@ from kompile.compile_jobs.inputs import Feed
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import LoadedSource, module_label
 from kompile.compile_jobs.triton import TensorSpec
+from kompile.compile_jobs.user_code import where
 
 OPSET = 17
 
@@ -58,11 +59,17 @@ def eager_outputs(
         for feed in feeds:
             try:
                 out = module(*to_torch(feed, signature))
-            except (RuntimeError, TypeError, ValueError) as err:
+            except Exception as err:  # noqa: BLE001 - the model's own code failed: say where
+                kind = (
+                    ""
+                    if isinstance(err, (RuntimeError, TypeError, ValueError))
+                    else f"{type(err).__name__}: "
+                )
+                at = where(err)
                 raise ExportError(
                     f"{module_label(module)} failed on inputs shaped "
-                    f"{ {k: list(v.shape) for k, v in feed.items()} }: {_first_line(err)}; "
-                    f"{_dtype_hint(module, signature)}"
+                    f"{ {k: list(v.shape) for k, v in feed.items()} }: {kind}{_first_line(err)}"
+                    f"{f' (at {at})' if at else ''}; {_dtype_hint(module, signature)}"
                     "check spec.inputs (names, dtypes, shapes) against the model's forward()"
                 ) from None
             results.append([t.detach().float().cpu().numpy() for t in flatten_outputs(out)])

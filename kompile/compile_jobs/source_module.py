@@ -106,7 +106,7 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
     try:
         with torch.inference_mode():
             out = module(**dict(zip(names, example, strict=True))) if by_name else module(*example)
-    except (RuntimeError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - the reference run reports the model's failure, with its line
         out = None
     if not by_name and (out is None or _flat(out)):
         return module

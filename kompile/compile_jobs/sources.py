@@ -15,7 +15,6 @@ import os
 import posixpath
 import shutil
 import sys
-import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from urllib.parse import urlparse
 from kompile.api.spec import Source
 from kompile.compile_jobs import huggingface, source_files
 from kompile.compile_jobs.source_files import SourceError as SourceError  # re-exported
+from kompile.compile_jobs.user_code import where
 
 _SUFFIX_FORMATS = {
     ".pt2": "pt2",
@@ -177,25 +177,15 @@ def _import_fresh(module_name: str, base_dir: Path) -> Any:
         sys.dont_write_bytecode = writes
 
 
-def _raised(err: BaseException, base_dir: Path) -> str:
-    """'raised KeyError: ... at nets.py:12': the error's first line and the innermost frame in the
-    user's folder (else the innermost outside installed packages), where they would look first."""
+def _raised(err: BaseException) -> str:
+    """'raised KeyError: ... (at nets.py:12)': the error's first lines and the line in the user's
+    code where it came from, where they would look first."""
     # A few lines: load_state_dict's first line only says that it failed, the next ones what.
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    first = " ".join(lines[:3])
-    first = first if len(first) <= 400 else first[:400] + "..."
-    where = ""
-    if isinstance(err, SyntaxError) and err.filename:
-        where = f"{Path(err.filename).name}:{err.lineno}"
-    else:
-        frames = traceback.extract_tb(err.__traceback__)
-        root = str(base_dir.resolve())
-        mine = [f for f in frames if str(Path(f.filename).resolve()).startswith(root)] or [
-            f for f in frames if "site-packages" not in f.filename and "<" not in f.filename
-        ]
-        if mine:
-            where = f"{Path(mine[-1].filename).name}:{mine[-1].lineno}"
-    return f"raised {type(err).__name__}: {first}" + (f" (at {where})" if where else "")
+    text = " ".join(lines[:3])
+    text = text if len(text) <= 400 else text[:400] + "..."
+    at = where(err)
+    return f"raised {type(err).__name__}: {text}" + (f" (at {at})" if at else "")
 
 
 def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
@@ -208,9 +198,7 @@ def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
     except ImportError as err:
         raise SourceError(f"spec.source.uri {uri!r}: cannot import {module_name!r}: {err}") from None
     except Exception as err:  # noqa: BLE001 - the user's module failed as it ran: theirs to fix
-        raise SourceError(
-            f"spec.source.uri {uri!r}: cannot import {module_name!r}: {_raised(err, base_dir)}"
-        ) from None
+        raise SourceError(f"spec.source.uri {uri!r}: cannot import {module_name!r}: {_raised(err)}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise SourceError(f"spec.source.uri {uri!r}: {module_name} has no callable {attr!r}")
@@ -223,7 +211,7 @@ def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
                 f"; relative paths in it resolve from the current directory ({Path.cwd()}), not from "
                 "the manifest's folder: build them from Path(__file__).parent"
             )
-        raise SourceError(f"spec.source.uri {uri!r}: {attr}() {_raised(err, base_dir)}{hint}") from None
+        raise SourceError(f"spec.source.uri {uri!r}: {attr}() {_raised(err)}{hint}") from None
     import torch
 
     if not isinstance(model, torch.nn.Module):

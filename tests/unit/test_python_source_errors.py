@@ -9,7 +9,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from kompile.compile_jobs.sources import SourceError, _load_python
 
@@ -65,3 +67,24 @@ def test_a_module_failing_at_import_is_named(tmp_path: Path) -> None:
     message = _error("python://brokenmodule:make", tmp_path)
     assert "cannot import 'brokenmodule'" in message and "NameError" in message, message
     assert "brokenmodule.py:2" in message, message
+
+
+class _IndexesPastTheEnd(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = [x]
+        return heads[1]
+
+
+def test_a_forward_that_raises_is_the_models_error_with_its_line() -> None:
+    """An IndexError in forward() escaped both the input adapter and the reference run."""
+    from kompile.api.spec import InputSpec
+    from kompile.compile_jobs.export import ExportError, eager_outputs
+    from kompile.compile_jobs.source_module import adapt
+
+    spec = [InputSpec(name="x", shape=[1, 4])]
+    module = adapt(_IndexesPastTheEnd(), spec, [torch.zeros(1, 4)])
+    with pytest.raises(ExportError) as info:
+        eager_outputs(module, [{"x": np.zeros((1, 4), np.float32)}], spec)
+    message = str(info.value)
+    assert "IndexError: list index out of range" in message, message
+    assert "test_python_source_errors.py:" in message, message

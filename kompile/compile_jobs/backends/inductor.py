@@ -31,8 +31,6 @@ import copy
 import linecache
 import re
 import subprocess
-import sysconfig
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +54,7 @@ from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # ex
 from kompile.compile_jobs.inputs import generate_feeds
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
+from kompile.compile_jobs.user_code import user_frame
 
 if TYPE_CHECKING:
     from kompile.api.spec import InputSpec
@@ -146,29 +145,6 @@ def input_dtypes(signature: Sequence[InputSpec], model_dtype: torch.dtype) -> li
 # Export errors: name the construct and where it sits
 
 
-def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
-    """The innermost traceback frame outside torch, kompile and the standard library."""
-    paths = {k: str(Path(v).resolve()) for k, v in sysconfig.get_paths().items()}
-    ours = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[2]))
-    libraries = (paths["purelib"], paths["platlib"])  # user models may live there (transformers)
-
-    def internal(filename: str) -> bool:
-        path = str(Path(filename).resolve())
-        stdlib = path.startswith(paths["stdlib"]) and not path.startswith(libraries)
-        return "<" in filename or stdlib or path.startswith(ours)
-
-    found: traceback.FrameSummary | None = None
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:  # the cause chain, outermost first
-        seen.add(id(current))
-        for frame in traceback.extract_tb(current.__traceback__):
-            if not internal(frame.filename):
-                found = frame
-        current = current.__cause__ or current.__context__
-    return found
-
-
 _LOCATION = re.compile(r"File: (\S+?\.py):(\d+) in \w+, code: (.+)|\((\S+?\.py):(\d+) in \w+\)")
 
 
@@ -176,7 +152,7 @@ def describe_export_error(err: BaseException, label: str, package: str = "an AOT
     """A one-paragraph message: where (file:line and code), what construct, and what to change."""
     text = str(err)
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(err).__name__)
-    frame = _user_frame(err)
+    frame = user_frame(err)
     where, code = "", ""
     if frame is not None:
         where = f"{Path(frame.filename).name}:{frame.lineno}"
