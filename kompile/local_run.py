@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from rich.console import Console
 from rich.status import Status
@@ -160,6 +162,38 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     if problem:
         return 2, problem
     s.work_dir.mkdir(parents=True, exist_ok=True)
+    lock = _hold(s.work_dir)
+    if isinstance(lock, str):
+        return 2, lock
+    with lock:
+        return _run(cm, s, console, artifact_root)
+
+
+def _hold(work_dir: Path) -> IO[str] | str:
+    """The work dir's lock, held for the run; a message when another run holds it. Two runs in one
+    work dir share its build folders, export and reference file (fleet target names repeat across
+    models), and would build into, and remove, each other's files."""
+    handle = (work_dir / ".lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        return (
+            f"another kompile run ({holder}) is using {work_dir}: wait for it to finish, or give this "
+            "run its own --work-dir"
+        )
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
+
+
+def _run(
+    cm: CompiledModel, s: LocalRunSettings, console: Console, artifact_root: Path
+) -> tuple[int, str | None]:
     opts = PipelineOptions(
         base_dir=s.manifest.parent.resolve(),
         work_dir=s.work_dir.resolve(),

@@ -31,3 +31,23 @@ def test_a_folder_that_cannot_be_made_is_an_input_error(kompile_run, write_manif
     res = kompile_run(write_manifest(small_cnn_doc()), "--no-register", flag, "/proc/kompile-here")
     assert res.code == 2, res.stderr
     assert "cannot create /proc/kompile-here" in res.stderr and "unexpectedly" not in res.stderr, res.stderr
+
+
+def test_a_second_run_in_the_same_work_dir_waits_its_turn(kompile_run, write_manifest, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two runs in one work dir shared its build folders, export and reference file (fleet target
+    names repeat across models): each would build into, and remove, the other's files."""
+    import fcntl
+
+    work = tmp_path / ".kompile"
+    work.mkdir()
+    with (work / ".lock").open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 4242")
+        held.flush()
+        res = kompile_run(write_manifest(small_cnn_doc()), "--no-register")
+    assert res.code == 2
+    assert f"another kompile run (pid 4242) is using {work}" in res.stderr, res.stderr
+    assert "--work-dir" in res.stderr and "loading source" not in res.stderr
+    # Released (the first run ended): the next run goes ahead.
+    res = kompile_run(write_manifest(small_cnn_doc()), "--no-register")
+    assert res.code == 0, res.stderr
