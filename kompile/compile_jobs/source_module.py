@@ -48,11 +48,12 @@ def leaf_names(out: Any) -> list[str] | None:
     tensor, a plain tuple): the serving names then stay output / output_<i>."""
     paths = [path for path, leaf in pytree.tree_flatten_with_path(out)[0] if isinstance(leaf, torch.Tensor)]
     names: list[str] = []
+    named = False
     for i, path in enumerate(paths):
         keyed = [j for j, k in enumerate(path) if isinstance(k, (pytree.MappingKey, pytree.GetAttrKey))]
-        parts = [_key_text(k) for k in path[keyed[0] :]] if keyed else []
-        names.append("_".join(parts) if parts else f"output_{i}")
-    return names if any(not n.startswith("output_") for n in names) else None
+        named = named or bool(keyed)
+        names.append("_".join(_key_text(k) for k in path[keyed[0] :]) if keyed else f"output_{i}")
+    return names if named else None
 
 
 def _key_text(key: Any) -> str:

@@ -98,6 +98,8 @@ def test_output_names_are_safe_unique_and_not_an_input_name() -> None:
     assert names == ["logits", "hidden_states_0", "hidden_states_1", "x_out"]
     # A plain tuple names nothing; a count that no longer matches falls back too.
     assert leaf_names((torch.ones(1), torch.ones(1))) is None
+    # A key that happens to start with output_ is still the model's own name.
+    assert leaf_names({"output_probs": torch.ones(1)}) == ["output_probs"]
     assert names_for_outputs(2, wrapped) == ["output_0", "output_1"]
     assert names_for_outputs(1) == ["output"]
 
