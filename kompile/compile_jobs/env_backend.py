@@ -16,6 +16,7 @@ from kompile.compile_jobs.backends.base import Backend, BackendError, CompiledAr
 from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_export_error
 from kompile.compile_jobs.benchmark import SelfTimed, available_cores
 from kompile.compile_jobs.environments import EnvProcess
+from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
@@ -49,7 +50,7 @@ class EnvRunner:
         request = {"op": "load", "model": str(path.resolve()), "threads": threads, **(load or {})}
         reply = self.process.call(request)
         count = len(reply["outputs"])
-        self.output_names: list[str] = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+        self.output_names: list[str] = names_for_outputs(count)
         self._files: dict[int, tuple[Feeds, str]] = {}
         self._calls = 0
 

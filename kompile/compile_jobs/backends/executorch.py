@@ -45,6 +45,7 @@ from kompile.compile_jobs.backends.inductor import (
     to_tensor,
 )
 from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
@@ -226,7 +227,7 @@ class PteRunner:
         meta = method.metadata
         self.shapes = [tuple(meta.input_tensor_meta(i).sizes()) for i in range(meta.num_inputs())]
         count = meta.num_outputs()
-        self.output_names: list[str] = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+        self.output_names: list[str] = names_for_outputs(count)
 
     def run(self, feeds: Feeds) -> list[Array]:
         missing = [n for n in self.input_names if n not in feeds]

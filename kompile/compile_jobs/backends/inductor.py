@@ -51,6 +51,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # executorch reads it here
+from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.inputs import generate_feeds
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import module_label
@@ -253,7 +254,7 @@ class InductorRunner:
         from torch.utils._pytree import treespec_loads
 
         leaves = treespec_loads(self.model.loader.get_call_spec()[1]).num_leaves
-        self.output_names: list[str] = ["output"] if leaves == 1 else [f"output_{i}" for i in range(leaves)]
+        self.output_names: list[str] = names_for_outputs(leaves)
         self._graphs: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor], Any]] = {}
 
     def run(self, feeds: Feeds) -> list[Array]:

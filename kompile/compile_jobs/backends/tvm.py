@@ -68,6 +68,7 @@ from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.env_backend import EnvRunner, compile_in_environment
 from kompile.compile_jobs.envs import PROTOBUF_LIMIT, fix_input_dims
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string
+from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.hardware import (
     _cpuinfo,
     cpu_description,
@@ -100,7 +101,7 @@ class TvmRunner(EnvRunner):
     ) -> None:
         super().__init__(path, input_names, threads, load={"device": device})
         # The Relax VM knows its outputs only after a call: the count recorded at compile names them.
-        self.output_names = ["output"] if outputs == 1 else [f"output_{i}" for i in range(outputs)]
+        self.output_names = names_for_outputs(outputs)
         self.shapes = shapes
 
     def check_feed(self, feeds: Feeds) -> None:
