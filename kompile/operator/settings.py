@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from kompile.api.catalog import CATALOG
 from kompile.api.toolchain import pinned_for
@@ -22,19 +23,22 @@ def _own_namespace(env: Mapping[str, str]) -> str:
         return "default"
 
 
+N = TypeVar("N", int, float)
+
+
 class SettingsError(ValueError):
     """A KOMPILE_* setting the operator cannot use; the message names the variable."""
 
 
 def _whole(env: Mapping[str, str], key: str, default: int) -> int:
-    return int(_parsed(env, key, default, int, "a whole number"))
+    return _parsed(env, key, default, int, "a whole number")
 
 
 def _number(env: Mapping[str, str], key: str, default: float) -> float:
     return _parsed(env, key, default, float, "a number")
 
 
-def _parsed(env: Mapping[str, str], key: str, default: float, kind: type[float], what: str) -> float:
+def _parsed(env: Mapping[str, str], key: str, default: N, kind: Callable[[str], N], what: str) -> N:
     text = env.get(key)
     try:
         return default if text is None else kind(text)
