@@ -139,7 +139,7 @@ def names_for_outputs(count: int, module: Any = None, inputs: Sequence[str] = ()
     pooler_output; source_module.leaf_names), else output / output_<i>. Made safe for every
     server's naming rules, unique, and distinct from the input names (an ONNX output that
     shares an input's name would be that input)."""
-    given = getattr(module, "leaf_names", None) if getattr(module, "wraps_source", False) else None
+    given = getattr(module, "leaf_names", None) if getattr(module, "names_outputs", False) else None
     if not given or len(given) != count:
         given = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
     names: list[str] = []

@@ -69,6 +69,7 @@ class SourceModule(torch.nn.Module):  # type: ignore[misc]
     `leaf_names` keeps what the model called them, for the serving names."""
 
     wraps_source = True  # sources.module_label names the class inside (torch-free code reads it)
+    names_outputs = True  # export.names_for_outputs serves the outputs under leaf_names
 
     def __init__(
         self, inner: torch.nn.Module, names: Sequence[str], by_name: bool, leaves: list[str] | None = None
@@ -99,9 +100,7 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
     else a SourceModule around it. A module that fails on the example is left as it is: the
     reference run reports that failure with what to change."""
     if isinstance(module, torch.jit.ScriptModule):
-        # Tracing cannot enter a TorchScript module from a wrapper; its dict outputs keep their
-        # insertion order, which export.flatten_outputs follows.
-        return module
+        return _scripted(module, signature, example)
     names = [s.name for s in signature]
     by_name = _by_name(module, names)
     try:
@@ -112,3 +111,26 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
     if not by_name and (out is None or _flat(out)):
         return module
     return SourceModule(module, names, by_name, None if out is None else leaf_names(out)).eval()
+
+
+def _scripted(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.Tensor]) -> Any:
+    """A TorchScript module whose outputs are not one flat tuple (a dict of heads): the ONNX
+    exporter has no conversion for the dict it builds (prim::DictConstruct), and an export wrapper
+    cannot trace into it. Traced ahead, a wrapper that flattens it is one graph the exporter takes
+    whole (the scripted call is inlined and its dict folded away), served under the dict's keys.
+    Inputs stay positional: a scripted forward's parameter names are not read."""
+    try:
+        with torch.inference_mode():
+            out = module(*example)
+    except Exception:  # noqa: BLE001 - the reference run reports the model's failure
+        return module
+    if _flat(out):
+        return module
+    names = [s.name for s in signature]
+    try:
+        traced = torch.jit.trace(SourceModule(module, names, False), tuple(example), strict=False)
+    except RuntimeError:  # left as it was: the export names the construct it cannot take
+        return module
+    traced.leaf_names = leaf_names(out)
+    traced.names_outputs = True
+    return traced

@@ -186,3 +186,39 @@ def test_a_pt2_returning_a_dict_validates_on_every_candidate(
     phases = {c["name"]: c["phase"] for c in target["candidates"]}
     assert phases and set(phases.values()) == {"Succeeded"}, phases
     assert "inductor-fp32" in phases and "onnxruntime-fp32" in phases
+
+
+def test_a_torchscript_dict_of_heads_is_served_under_its_keys(
+    kompile_run: Callable[..., Any],
+    write_manifest: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scripted model is not wrapped (tracing cannot enter it from a wrapper), yet its dict keys
+    still name the served outputs, as an eager module's do."""
+    (tmp_path / "heads.py").write_text(HEADS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from heads import heads  # type: ignore[import-not-found]
+
+    torch.jit.save(torch.jit.script(heads()), str(tmp_path / "heads.pt"))
+    batch = [{"axis": 0, "name": "batch", "min": 1, "opt": 2, "max": 8}]
+    doc = _doc(
+        "heads-ts",
+        "heads.pt",
+        [{"name": "x", "shape": [-1, 16], "dynamicDims": batch}],
+        validation={"samples": 2},
+    )
+    doc["spec"]["targets"] = doc["spec"]["targets"][:1]
+    doc["spec"]["benchmark"]["batchSizes"] = [1, 4]
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (target,) = json.loads(res.stdout)["targets"]
+    assert target["phase"] == "Succeeded", target.get("message")
+    assert [o["name"] for o in target["validation"]["outputs"]] == ["scores", "boxes"]
+    repo = Path(target["artifact"]["uri"].removeprefix("file://"))
+    session = ort.InferenceSession(str(repo / "heads-ts" / "1" / "model.onnx"))
+    assert [o.name for o in session.get_outputs()] == ["scores", "boxes"]
+    # The batch stays dynamic through the traced wrapper: both batch sizes were timed.
+    assert [lat["batchSize"] for lat in target["latency"]] == [1, 4]
+    scores, boxes = session.run(None, {"x": np.zeros((3, 16), np.float32)})
+    assert scores.shape == (3, 1) and boxes.shape == (3, 4)
