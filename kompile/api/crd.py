@@ -57,6 +57,18 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             continue  # object and list defaults would be applied by the API server; keep scalars only
         elif key == "properties":
             out[key] = {k: _resolve(v, defs) for k, v in value.items()}
+        elif key == "propertyNames":
+            # Not a field of Kubernetes' JSONSchemaProps (server-side apply refuses it where the
+            # CRD's schema is typed): the key bound becomes a CEL rule, which the server enforces.
+            rules = out.setdefault("x-kubernetes-validations", [])
+            rules.append(
+                {
+                    "rule": f"self.all(k, size(k) <= {value['maxLength']})",
+                    "message": f"keys are at most {value['maxLength']} characters",
+                }
+            )
+        elif key == "x-kubernetes-validations":
+            out[key] = [*out.get(key, []), *_resolve(value, defs)]
         else:
             out[key] = _resolve(value, defs)
     if "properties" in out:

@@ -94,7 +94,12 @@ class Hardware(ApiModel):
     tolerations: list[Toleration] | None = Field(
         default=None, max_length=16, description="Tolerations added to the compile Job's pod."
     )
-    resources: Resources | None = Field(default=None, description="Container resources.")
+    resources: Resources | None = Field(
+        default=None,
+        description="Container resources of the compile Job, merged over the defaults (requests cpu "
+        "1, memory 4Gi; limits memory 16Gi; one nvidia.com/gpu for a GPU target): allow 6x the "
+        "model's size in memory.",
+    )
     runtime_class_name: str | None = Field(
         default=None, max_length=253, description="RuntimeClass of the pod (for example nvidia)."
     )
@@ -336,4 +341,11 @@ class Fleet(ApiModel):
     )
     selection: Selection | None = Field(
         default=None, description="How each fleet target's winner among candidates is chosen."
+    )
+    resources: Resources | None = Field(
+        default=None,
+        description="Container resources of every fleet compile Job, merged over the defaults "
+        "(requests cpu 1, memory 4Gi; limits memory 16Gi; one nvidia.com/gpu on GPU classes). "
+        "Building holds the source and each candidate's compiled model at once: allow 6x the "
+        "model's size in memory.",
     )

@@ -125,6 +125,10 @@ def from_job(
     # Failed: a compact result (bad input) explains itself; otherwise the log tail does.
     if parsed is not None:
         return parsed.model_copy(update=base | {"phase": "Failed"}), digest
+    if (term or {}).get("reason") == "OOMKilled":
+        return TargetStatus(
+            **base, phase="Failed", reason="OutOfMemory", message=_out_of_memory(rt, pod)
+        ), None
     exit_code = (term or {}).get("exitCode")
     why = f"compile Job failed ({reason or 'Failed'}"
     why += f", exit code {exit_code})" if exit_code is not None else ")"
@@ -132,3 +136,16 @@ def from_job(
     return TargetStatus(
         **base, phase="Failed", reason=reason or "JobFailed", message=f"{why}: {tail}" if tail else why
     ), None
+
+
+def _out_of_memory(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> str:
+    """Exit code 137 says only "killed": name the limit hit and the field that raises it."""
+    containers = ((pod or {}).get("spec") or {}).get("containers") or [{}]
+    limit = ((containers[0].get("resources") or {}).get("limits") or {}).get("memory")
+    at = f"its memory limit of {limit}" if limit else "the node's memory"
+    return (
+        f"the compile Job ran out of memory (OOMKilled at {at}): building holds the source model and "
+        "each candidate's compiled copy at once, about 6x the model's size; raise "
+        f"{rt.resources_field or 'the target resources'}.limits.memory (and requests.memory, for a "
+        "node with that much free), or name fewer candidates"
+    )

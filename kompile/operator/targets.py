@@ -7,8 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from kompile.api.candidates import needs_gpu
 from kompile.api.spec import CompiledModelSpec, Target
+from kompile.api.spec_targets import Resources
 from kompile.api.vocabulary import TargetPrecision
 from kompile.operator.fleet import ARCH, GPU_PRODUCT, GPU_RESOURCE, HardwareClass
 
@@ -28,6 +31,8 @@ class ResolvedTarget:
     resources: dict[str, Any] = field(default_factory=dict)
     runtime_class: str | None = None
     arch: str | None = None
+    resources_field: str = ""
+    """Where the user sizes this target's Job (spec.fleet.resources, spec.targets[i].hardware.resources)."""
     """kubernetes.io/arch of its nodes where known (decides auto's candidates); None: any."""
 
     @property
@@ -51,7 +56,38 @@ def _default_resources(gpu: bool) -> dict[str, Any]:
     return base
 
 
-def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str | None) -> ResolvedTarget:
+def _resources(gpu: bool, given: Resources | None) -> dict[str, Any]:
+    """The user's resources merged over the defaults, key by key: a target that sets only a memory
+    limit keeps its GPU. A default never contradicts what was given: a default request above a
+    given limit drops to it, a default limit below a given request rises to it, and an extended
+    resource (a GPU) has its request equal to its limit, as Kubernetes requires."""
+    base = _default_resources(gpu)
+    if given is None:
+        return base
+    asked, capped = dict(given.requests or {}), dict(given.limits or {})
+    requests, limits = {**base["requests"], **asked}, {**base["limits"], **capped}
+    for name, limit in capped.items():
+        if name not in asked and name in requests and _above(requests[name], limit, name):
+            requests[name] = limit
+    for name, request in asked.items():
+        if name not in capped and name in limits and _above(request, limits[name], name):
+            limits[name] = request
+    return {"requests": requests, "limits": limits}
+
+
+def _above(a: int | str, b: int | str, name: str) -> bool:
+    """Whether quantity a exceeds b (any difference, for a resource that must match exactly)."""
+    if "/" in name:  # extended resources (nvidia.com/gpu): request == limit
+        return str(a) != str(b)
+    try:
+        return bool(parse_quantity(a) > parse_quantity(b))
+    except ValueError:  # the API server names a malformed quantity itself
+        return False
+
+
+def _explicit(
+    index: int, target: Target, classes: Sequence[HardwareClass], gpu_runtime: str | None
+) -> ResolvedTarget:
     hw = target.hardware
     selector = dict(hw.node_selector or {}) if hw else {}
     cls = _class_for(selector, classes) if selector else None
@@ -60,9 +96,7 @@ def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str
     tolerations = [t.to_wire() for t in (hw.tolerations or [])] if hw else []
     if gpu and not tolerations:
         tolerations = [GPU_TOLERATION]
-    resources = _default_resources(gpu)
-    if hw and hw.resources:
-        resources = hw.resources.to_wire()
+    resources = _resources(gpu, hw.resources if hw else None)
     return ResolvedTarget(
         target=target,
         hardware_class=cls.name if cls else (f"selector-{target.name}" if selector else "any"),
@@ -76,6 +110,7 @@ def _explicit(target: Target, classes: Sequence[HardwareClass], gpu_runtime: str
         ),
         # Only what the user's selector pins: a class found by a looser selector may share it.
         arch=selector.get(ARCH),
+        resources_field=f"spec.targets[{index}].hardware.resources",
     )
 
 
@@ -98,9 +133,10 @@ def _fleet_target(
         node_selector=dict(cls.node_selector),
         affinity=cls.affinity(),
         tolerations=[GPU_TOLERATION] if gpu else [],
-        resources=_default_resources(gpu),
+        resources=_resources(gpu, fleet.resources),
         runtime_class=gpu_runtime if gpu else None,
         arch=cls.arch,
+        resources_field="spec.fleet.resources",
     )
 
 
@@ -108,7 +144,7 @@ def resolve_targets(
     spec: CompiledModelSpec, classes: Sequence[HardwareClass], gpu_runtime: str | None = None
 ) -> list[ResolvedTarget]:
     """Explicit targets first, then fleet targets (explicit names win on a clash)."""
-    out = [_explicit(t, classes, gpu_runtime) for t in spec.targets or []]
+    out = [_explicit(i, t, classes, gpu_runtime) for i, t in enumerate(spec.targets or [])]
     names = {r.name for r in out}
     if spec.fleet and spec.fleet.enabled:
         for cls in classes:

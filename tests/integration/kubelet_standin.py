@@ -2,14 +2,16 @@
 
 It registers a Node, keeps its Ready heartbeat fresh, and runs each pod the real scheduler binds to
 it as a local process: the container's command with the container's env (envFrom Secrets resolved),
-an emptyDir stand-in as /scratch, and the termination message read back from the file the command
-writes (FallbackToLogsOnError honoured). Pod status goes through the real API server, so the real
-Job controller sees the outcome. Everything above the container runtime is real.
+an emptyDir stand-in as /scratch, the termination message read back from the file the command
+writes (FallbackToLogsOnError honoured), and the container's memory limit held as a cgroup holds it
+(the process tree killed past it, reported OOMKilled). Pod status goes through the real API server,
+so the real Job controller sees the outcome. Everything above the container runtime is real.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import subprocess
@@ -20,11 +22,35 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 HEARTBEAT_SECONDS = 10
 MESSAGE_LIMIT = 4096
+
+
+def _hold_to_memory_limit(proc: subprocess.Popen[bytes], limit: str | None) -> bool:
+    """Wait for the container's process; kill its whole tree once the tree's resident memory passes
+    the container's memory limit, and say so: the STAND-IN for the cgroup's OOM killer (a real
+    kubelet reports that kill as exit code 137, reason OOMKilled)."""
+    cap = int(parse_quantity(limit)) if limit else None
+    while proc.poll() is None:
+        if cap is not None:
+            try:
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                used = sum(p.memory_info().rss for p in tree)
+            except psutil.Error:  # it ended meanwhile
+                continue
+            if used > cap:
+                for p in reversed(tree):
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+                proc.wait()
+                return True
+        time.sleep(0.1)
+    return False
 
 
 def _now() -> str:
@@ -204,15 +230,16 @@ class KubeletStandIn:
         command = [*(container.command or []), *(container.args or [])]
         exe = shutil.which(command[0], path=self._env(ns, container, scratch)["PATH"]) or command[0]
         log_path = scratch / "container.log"
+        limits = (container.resources.limits if container.resources else None) or {}
         with log_path.open("w") as log:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 [exe, *command[1:]],
                 env=self._env(ns, container, scratch),
                 cwd=scratch,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                check=False,
             )
+            oom_killed = _hold_to_memory_limit(proc, limits.get("memory"))
         term_file = scratch / "termination-log"
         message = term_file.read_text() if term_file.exists() else ""
         if (
@@ -222,13 +249,13 @@ class KubeletStandIn:
         ):
             message = log_path.read_text()[-MESSAGE_LIMIT:]
         terminated = {
-            "exitCode": proc.returncode,
-            "reason": "Completed" if proc.returncode == 0 else "Error",
+            "exitCode": 137 if oom_killed else proc.returncode,
+            "reason": "OOMKilled" if oom_killed else "Completed" if proc.returncode == 0 else "Error",
             "message": message[-MESSAGE_LIMIT:],
             "startedAt": started,
             "finishedAt": _now(),
         }
-        phase = "Succeeded" if proc.returncode == 0 else "Failed"
+        phase = "Succeeded" if proc.returncode == 0 and not oom_killed else "Failed"
         self._patch(ns, name, phase, container, {"terminated": terminated}, ready=False)
 
     def _patch(

@@ -291,6 +291,11 @@ def test_a_bad_quantity_is_refused_by_the_api_server(hostile: dict[str, Any]) ->
         _create(hostile, NS_A, "bad-quantity", targets=[target])
     assert refused.value.status == 422
     assert "spec.targets[0].hardware.resources.limits.cpu" in str(refused.value.body)
+    # A key past its bound (a label key is at most 317 characters) is refused by the schema too.
+    too_long = L4 | {"hardware": {"nodeSelector": {"k" * 400: "v"}}}
+    with pytest.raises(ApiException) as refused:
+        _create(hostile, NS_A, "long-key", targets=[too_long])
+    assert refused.value.status == 422 and "keys are at most 317 characters" in str(refused.value.body)
 
 
 def test_a_200_kib_spec_gets_a_status_reason_and_no_job(hostile: dict[str, Any]) -> None:

@@ -134,7 +134,11 @@ def flaky(fleet: dict[str, Any]) -> str:
 
 def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> None:
     began = time.monotonic()
-    fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest("small"))
+    # Sized through spec.fleet.resources (kept by the CRD schema), merged over the defaults.
+    sized = {"enabled": True, "precisions": ["fp32"], "resources": {"limits": {"memory": "12Gi"}}}
+    fleet["custom"].create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, manifest("small", fleet=sized)
+    )
     jobs = wait_for(
         "one Job per hardware class", lambda: (j := jobs_of(fleet, "small")) and len(j) == 5 and j
     )
@@ -143,7 +147,8 @@ def test_fleet_compiles_per_class_and_becomes_ready(fleet: dict[str, Any]) -> No
     by_class = {j.metadata.labels["kompile.dev/hardware-class"]: j for j in jobs}
     assert set(by_class) == set(CLASSES)
     gpu_job = by_class["gpu-nvidia-l4-sm89"].spec.template.spec
-    assert gpu_job.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    assert gpu_job.containers[0].resources.limits == {"nvidia.com/gpu": "1", "memory": "12Gi"}
+    assert by_class["cpu-amd64"].spec.template.spec.containers[0].resources.limits == {"memory": "12Gi"}
     assert any(t.key == "nvidia.com/gpu" for t in gpu_job.tolerations)
     assert gpu_job.node_selector["nvidia.com/gpu.compute.major"] == "8"
     assert all(j.metadata.owner_references[0].kind == "CompiledModel" for j in jobs)
@@ -299,3 +304,30 @@ def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) ->
     finally:
         # The simulated fleet is shared by the session's tests: leave it as fleet.py declares it.
         fleet["core"].delete_node("a10-0")
+
+
+def test_a_compile_job_out_of_memory_says_which_limit_to_raise(fleet: dict[str, Any]) -> None:
+    """The container's memory limit held (the kubelet stand-in kills the process tree past it, as the
+    cgroup would): the Job fails after its retries and the target says OutOfMemory, with the limit
+    it hit and the field that raises it, not a bare exit code 137."""
+    target = {
+        "name": "tight",
+        "backend": "onnxruntime",
+        "hardware": {
+            "nodeSelector": {"kubernetes.io/hostname": LOCAL_NODE},
+            "resources": {"limits": {"memory": "200Mi"}},
+        },
+    }
+    fleet["custom"].create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, small_cnn_manifest("tight", targets=[target])
+    )
+    obj = wait_for("tight settled", lambda: ready(fleet, "tight"), timeout=300)
+    (status,) = obj["status"]["targets"]
+    assert status["phase"] == "Failed" and status["reason"] == "OutOfMemory", status
+    assert (
+        "200Mi" in status["message"]
+        and "spec.targets[0].hardware.resources.limits.memory" in status["message"]
+    )
+    # The default 4Gi request was lowered to the limit given, so the pod was valid and scheduled.
+    (job,) = jobs_of(fleet, "tight")
+    assert job.spec.template.spec.containers[0].resources.requests["memory"] == "200Mi"

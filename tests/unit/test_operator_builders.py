@@ -494,3 +494,68 @@ def test_a_failed_alias_move_stays_pending_and_is_retried(monkeypatch: pytest.Mo
     assert status.registry.pending_aliases == [] and status.registry.aliases == {"cpu-x86": "7"}
     assert move_alias(model, status, Settings(), "cpu-x86", target, event)
     assert calls == [("cpu-x86", "7"), ("cpu-x86", "7")]  # the third found it done
+
+
+def test_fleet_resources_size_every_fleet_compile_job_and_gpu_jobs_keep_their_gpu() -> None:
+    """A model too big for the default 16Gi limit must be compilable in fleet mode too: before,
+    fleet targets always got the defaults, with no field to raise them."""
+    model = cm(fleet={"enabled": True, "resources": {"limits": {"memory": "48Gi"}}})
+    resolved = {r.name: r for r in resolve_targets(model.spec, discover(FLEET))}
+    cpu, gpu_target = resolved["cpu-amd64-fp32"], resolved["gpu-nvidia-l4-sm89-fp32"]
+    assert cpu.resources == {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "48Gi"}}
+    assert gpu_target.resources["limits"] == {"memory": "48Gi", "nvidia.com/gpu": "1"}
+    assert cpu.resources_field == "spec.fleet.resources"
+
+
+def test_target_resources_merge_over_the_defaults_and_stay_consistent() -> None:
+    """Before, a target's resources replaced the defaults whole: a TensorRT target given only a
+    memory limit lost its nvidia.com/gpu and ran without a GPU. Merged, each key given wins; a
+    default request never exceeds a limit given below it, nor a default limit a request above it."""
+    l4 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}
+    model = cm(
+        targets=[
+            {
+                "name": "l4",
+                "backend": "tensorrt",
+                "hardware": {**l4, "resources": {"limits": {"memory": "32Gi"}}},
+            },
+            {
+                "name": "small",
+                "backend": "onnxruntime",
+                "hardware": {"resources": {"limits": {"memory": "2Gi"}}},
+            },
+            {
+                "name": "big",
+                "backend": "onnxruntime",
+                "hardware": {"resources": {"requests": {"memory": "40Gi"}}},
+            },
+            {
+                "name": "two",
+                "backend": "tensorrt",
+                "hardware": {**l4, "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+            },
+        ]
+    )
+    r = {t.name: t for t in resolve_targets(model.spec, discover(FLEET))}
+    assert r["l4"].resources == {
+        "requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "32Gi", "nvidia.com/gpu": "1"},
+    }
+    assert r["small"].resources == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+    assert r["big"].resources == {"requests": {"cpu": "1", "memory": "40Gi"}, "limits": {"memory": "40Gi"}}
+    # An extended resource's request must equal its limit.
+    assert r["two"].resources["requests"]["nvidia.com/gpu"] == "2"
+    assert r["small"].resources_field == "spec.targets[1].hardware.resources"
+
+
+def test_an_oom_killed_compile_job_says_which_memory_limit_to_raise() -> None:
+    """Exit code 137 alone left a user guessing; the pod says OOMKilled and the limit it hit."""
+    model = cm(fleet={"enabled": True})
+    rt = next(r for r in resolve_targets(model.spec, discover(FLEET)) if r.name == "cpu-amd64-fp32")
+    pod = _pod("", 137)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "OOMKilled"
+    pod["spec"]["containers"] = [{"name": "compile", "resources": rt.resources}]
+    failed, _ = from_job(rt, _job("Failed", "BackoffLimitExceeded"), [pod], None)
+    assert failed.phase == "Failed" and failed.reason == "OutOfMemory"
+    message = failed.message or ""
+    assert "16Gi" in message and "spec.fleet.resources.limits.memory" in message, message
