@@ -253,7 +253,8 @@ class Benchmark(ApiModel):
         default_factory=lambda: [1],
         min_length=1,
         max_length=8,
-        description="Batch sizes to time (batch is the first dynamic dimension, when there is one).",
+        description="Batch sizes to time, along the dynamic dim on axis 0 of the first input. Inputs "
+        "without one are timed at their own batch (the first input's leading dim) only.",
     )
     warmup: int = Field(default=3, ge=0, le=1000, description="Untimed iterations first.")
     iterations: int = Field(

@@ -8,6 +8,7 @@ flow that depends on tensor values, so tracer warnings are raised as errors that
 from __future__ import annotations
 
 import contextlib
+import linecache
 import re
 import shutil
 import sys
@@ -228,16 +229,39 @@ def export_onnx(
         for w in caught
         if issubclass(w.category, torch.jit.TracerWarning) and not _in_installed_package(w.filename)
     ]
-    if tracer:
-        w = tracer[0]
+    dynamic = sorted({d.name for s in signature for d in s.dynamic_dims or []})
+    # A size made a Python int is a constant in the trace: exactly right at static shapes.
+    refused = [w for w in tracer if dynamic or _shape_text(w) is None]
+    if refused:
+        w = refused[0]
         out_path.unlink(missing_ok=True)
+        at = f"{Path(w.filename).name}:{w.lineno}"
+        size = _shape_text(w)
+        if size is not None:
+            raise ExportError(
+                f"cannot export {label} to ONNX: {at}: int() of a size ({size}) is a Python number, "
+                f"a constant in the graph, so the dynamic dim{'s' if len(dynamic) > 1 else ''} "
+                f"{', '.join(dynamic)} would be fixed at the example's size. Use the size without "
+                f"int() ({size}), x.flatten(1) or x.reshape(x.shape[0], -1), or make the input static."
+            )
         raise ExportError(
-            f"cannot export {label} to ONNX: {Path(w.filename).name}:{w.lineno}: "
-            f"{_first_line(Exception(w.message))} "
+            f"cannot export {label} to ONNX: {at}: {_first_line(Exception(w.message))} "
             "This is Python control flow or a Python value computed from a tensor, which a graph cannot "
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
     return out_path, output_names
+
+
+def _shape_text(w: warnings.WarningMessage) -> str | None:
+    """The size expression (h.shape[0], x.size(1)) a tracer warning's line turns into a Python
+    number, None when the line converts anything else (a sum, an item(): values, not sizes)."""
+    if "Python integer" not in str(w.message) and "Python index" not in str(w.message):
+        return None
+    line = linecache.getline(w.filename, w.lineno)
+    if re.search(r"\.(item|sum|mean|max|min|any|all|argmax|nonzero|tolist)\(", line):
+        return None
+    size = re.search(r"[\w.]+\.(?:shape\[[^\]]+\]|size\([^)]*\))", line)
+    return size.group(0) if size else None
 
 
 def _in_installed_package(filename: str) -> bool:

@@ -42,6 +42,15 @@ def batch_dim(signature: Sequence[InputSpec]) -> str | None:
     return None
 
 
+def static_batch(signature: Sequence[InputSpec]) -> int | None:
+    """The one batch a signature without a dynamic batch dim runs at: its first input's leading dim
+    (1 for a single vector). None when the batch is dynamic."""
+    if batch_dim(signature) is not None:
+        return None
+    shape = signature[0].shape
+    return int(shape[0]) if len(shape) >= 2 and shape[0] > 0 else 1
+
+
 def _generate_one(spec: InputSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray[Any, Any]:
     dt = numpy_dtype(spec.dtype)
     if spec.dtype == "bool":

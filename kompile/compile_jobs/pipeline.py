@@ -153,7 +153,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter)
     result = PipelineResult(status=status, lineage=loaded.lineage)
     for p in planned:
-        built = p.finish(spec.benchmark.batch_sizes) if p.multi else next(iter(p.built), None)
+        built = p.finish(_timed_batches(cm)) if p.multi else next(iter(p.built), None)
         status.targets.append(p.status)
         if built:
             result.built.append(built)
@@ -256,6 +256,13 @@ def _benchmark(
     reporter: Reporter,
 ) -> list[Baseline]:
     """Time eager and every validated artifact in the same interleaved rounds."""
+    timed_at = _timed_batches(cm)
+    if timed_at != list(cm.spec.benchmark.batch_sizes):
+        reporter.stage(
+            None,
+            f"the inputs are static at batch {timed_at[0]}: timing that batch only "
+            f"(spec.benchmark.batchSizes {cm.spec.benchmark.batch_sizes} needs a dynamic dim on axis 0)",
+        )
     timed = [
         timing.Timed(label, b.runner, b.status)
         for p in planned
@@ -265,9 +272,18 @@ def _benchmark(
     return timing.run_benchmark(cm, loaded, reference_runner, timed, _batch_sizes(cm, targets), reporter)
 
 
+def _timed_batches(cm: CompiledModel) -> list[int]:
+    """spec.benchmark.batchSizes; a static signature runs at its own batch only (a [2, 3, 224, 224]
+    input is timed as batch 2, whatever the list says: throughput counts the samples it holds)."""
+    static = inputs.static_batch(cm.spec.inputs)
+    return [static] if static is not None else list(cm.spec.benchmark.batch_sizes)
+
+
 def _batch_sizes(cm: CompiledModel, targets: Sequence[Target]) -> list[int]:
     """Benchmark batch sizes plus any a target's selection decides at."""
-    sizes = list(cm.spec.benchmark.batch_sizes)
+    sizes = _timed_batches(cm)
+    if inputs.static_batch(cm.spec.inputs) is not None:
+        return sizes
     for t in targets:
         sel = t.selection
         if sel and sel.batch_size and sel.batch_size not in sizes:

@@ -32,11 +32,15 @@ class Timed:
 
 
 def batch_feeds(cm: CompiledModel, batch: int) -> inputs.Feed | None:
-    """A feed at `batch` along the signature's batch dimension; None when there is none (batch 1 only)."""
+    """A feed at `batch` along the signature's batch dimension; without one, the static feed at its
+    own batch (inputs.static_batch) and None at any other."""
     name = inputs.batch_dim(cm.spec.inputs)
     if name is None:
+        static = inputs.static_batch(cm.spec.inputs)
         return (
-            inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1)[0] if batch == 1 else None
+            inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1)[0]
+            if batch == static
+            else None
         )
     return inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1, {name: batch})[0]
 

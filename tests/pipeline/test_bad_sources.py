@@ -193,3 +193,75 @@ def test_a_torch_ao_quantized_model_says_to_bring_the_float_one(
     # The dumps come from torch's C++ code, on the process's own stdout (amid --json's output).
     printed = "".join(capfd.readouterr())
     assert "graph(" not in printed + res.stderr and "Traceback" not in res.stderr, printed
+
+
+SHAPES = """
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(4 * 30 * 30, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        if VALUE_BRANCH and h.sum() > 1e9:
+            h = h * 2
+        return self.fc(h.view(int(h.shape[0]), -1))
+
+
+def shape_int():
+    torch.manual_seed(0)
+    return Net().eval()
+"""
+
+
+def _shape_model(tmp_path: Path, value_branch: bool) -> None:
+    (tmp_path / "shapes.py").write_text(SHAPES.replace("VALUE_BRANCH", str(value_branch)))
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_python_int_of_a_shape_is_a_constant_only_a_dynamic_dim_cannot_hold(
+    kompile_run, write_manifest, tmp_path: Path, dynamic: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """int(h.shape[0]) fixes the batch in the trace: refused where the batch is dynamic, with what
+    to write instead; at static shapes it is the constant it says (validation still checks it)."""
+    _shape_model(tmp_path, value_branch=False)
+    shape = [-1, 3, 32, 32] if dynamic else [2, 3, 32, 32]
+    dims = [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 4}] if dynamic else []
+    doc = small_cnn_doc(
+        source={"uri": "python://shapes:shape_int"},
+        inputs=[{"name": "x", "shape": shape, **({"dynamicDims": dims} if dims else {})}],
+        targets=[{"name": "ort", "backend": "onnxruntime", "precision": "fp32"}],
+    )
+    doc["spec"].pop("fleet", None)
+    res = kompile_run(write_manifest(doc), "--no-register")
+    if dynamic:
+        assert res.code == 2, res.stderr
+        assert "shapes.py:15" in res.stderr and "batch" in res.stderr, res.stderr
+        assert "int() of a size" in res.stderr and "h.shape[0]" in res.stderr, res.stderr
+    else:
+        assert res.code == 0, res.stderr
+        (target,) = json.loads(res.stdout)["targets"]
+        assert target["phase"] == "Succeeded", target.get("message")
+        # Static at batch 2: timed as batch 2 (it was labelled batch 1, halving its throughput),
+        # and the batchSizes it cannot run at are said to be left out.
+        assert [lat["batchSize"] for lat in target["latency"]] == [2], target["latency"]
+        assert "static at batch 2" in res.stderr, res.stderr
+
+
+def test_value_dependent_control_flow_is_refused_even_at_static_shapes(
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    _shape_model(tmp_path, value_branch=True)
+    doc = small_cnn_doc(
+        source={"uri": "python://shapes:shape_int"},
+        inputs=[{"name": "x", "shape": [2, 3, 32, 32]}],
+        targets=[{"name": "ort", "backend": "onnxruntime", "precision": "fp32"}],
+    )
+    doc["spec"].pop("fleet", None)
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 2, res.stderr
+    assert "shapes.py:13" in res.stderr and "torch.where" in res.stderr, res.stderr
