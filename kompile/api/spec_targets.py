@@ -97,8 +97,8 @@ class Hardware(ApiModel):
     resources: Resources | None = Field(
         default=None,
         description="Container resources of the compile Job, merged over the defaults (requests cpu "
-        "1, memory 4Gi; limits memory 16Gi; one nvidia.com/gpu for a GPU target): allow 6x the "
-        "model's size in memory.",
+        "1, memory 4Gi; limits memory 16Gi; one nvidia.com/gpu for a GPU target). Memory: at least "
+        "3.5x the model's size; 6x keeps every candidate loaded for the benchmark.",
     )
     runtime_class_name: str | None = Field(
         default=None, max_length=253, description="RuntimeClass of the pod (for example nvidia)."
@@ -346,6 +346,5 @@ class Fleet(ApiModel):
         default=None,
         description="Container resources of every fleet compile Job, merged over the defaults "
         "(requests cpu 1, memory 4Gi; limits memory 16Gi; one nvidia.com/gpu on GPU classes). "
-        "Building holds the source and each candidate's compiled model at once: allow 6x the "
-        "model's size in memory.",
+        "Memory: at least 3.5x the model's size; 6x keeps every candidate loaded for the benchmark.",
     )

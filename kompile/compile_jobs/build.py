@@ -5,6 +5,8 @@ recorded in the candidate's status and never stops the others."""
 
 from __future__ import annotations
 
+import functools
+import gc
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +33,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16, local_cuda_class
+from kompile.compile_jobs.residency import Residency, UnloadedRunner
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
 
 # Runtimes raise these when an artifact cannot run on the reference inputs.
@@ -62,6 +65,8 @@ class BuildContext:
     """The class's architecture (kubernetes.io/arch); None: any (auto offers every CPU backend)."""
     packaged: list[Path] = field(default_factory=list)
     """Build folders whose files are in an artifact now: removed when the run ends."""
+    residency: Residency | None = None
+    """Whether each validated artifact stays loaded for the benchmark (None: all do)."""
 
     def build_dir(self, label: str) -> Path:
         return self.work_dir / "build" / label
@@ -325,6 +330,14 @@ def build_target(
         **{f"option.{k}": v for k, v in artifact.options.items()},
     }
     ctx.reporter.stage(label, f"packaged {digest[:19]}")
+    passed = bool(ts.validation and ts.validation.passed)
+    if not passed or (ctx.residency is not None and not ctx.residency.keep()):
+        # A failed artifact is never timed: its copy of the weights goes at once.
+        if passed and ctx.residency is not None:
+            ctx.reporter.stage(label, ctx.residency.describe())
+        runner = UnloadedRunner(runner, functools.partial(backend.load, artifact, ctx.threads, device))
+        del compiled
+        gc.collect()
     return BuiltTarget(target, ts, artifact, runner, repo_root, params)
 
 

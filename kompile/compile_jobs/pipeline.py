@@ -31,6 +31,7 @@ from kompile.compile_jobs.backends.base import Runner
 from kompile.compile_jobs.build import BuildContext, plan_target, reference_results
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
+from kompile.compile_jobs.residency import Residency, weights_bytes
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
 
 EXPORT_DIR = "export"
@@ -148,6 +149,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         hardware_class=opts.hardware_class or local_cpu_class(),
         reporter=reporter,
         arch=opts.arch or local_arch(),
+        residency=Residency(weights_bytes(loaded.module, onnx_path)),
     )
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter)

@@ -3,6 +3,7 @@ torch.compile baseline, timed interleaved per batch size so machine noise hits a
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from kompile.api.status import Baseline, LatencyStats, TargetStatus
 from kompile.compile_jobs import benchmark as bench
 from kompile.compile_jobs import export, inputs, sources
 from kompile.compile_jobs.backends.base import BackendError, Runner
+from kompile.compile_jobs.residency import UnloadedRunner
 
 PAUSE_S = 0.05
 SETTLE_CALLS = 1
@@ -60,35 +62,52 @@ def run_benchmark(
     compiled_module = _torch_compile(loaded, cm, reporter) if b.torch_compile else None
     eager: list[LatencyStats] = []
     compiled: list[LatencyStats] = []
+    own_eager: dict[str, list[LatencyStats]] = {t.label: [] for t in timed}
+    # Artifacts unloaded to bound memory (kompile.compile_jobs.residency) get a round each, beside
+    # eager, after the round of those that stayed loaded.
+    loaded_now = [t for t in timed if not isinstance(t.runner, UnloadedRunner)]
+    rounds = [[t] for t in timed if isinstance(t.runner, UnloadedRunner)]
+    if loaded_now or not rounds:
+        rounds.insert(0, loaded_now)
     for batch in batch_sizes:
         feed = batch_feeds(cm, batch)
         if feed is None:
             continue
-        reporter.stage(None, f"benchmarking batch {batch}: eager and {len(timed)} artifact(s)")
-        fns: dict[str, Callable[[], object]] = {"eager": _reference_call(loaded, reference_runner, feed, cm)}
-        if compiled_module is not None:
-            fns["torch.compile"] = export.eager_callable(compiled_module[0], feed, cm.spec.inputs)
-        for t in timed:
-            if _runs_at(t, feed, batch, reporter):
-                fns[t.label] = _runner_call(t.runner, feed)
-        # ONNX Runtime's and OpenMP's idle workers spin for 20-50 ms and slow whatever runs next:
-        # an idle pause before each timed call waits them out, and one untimed call right before
-        # it wakes the runtime's own pool, as a server under load keeps it (benchmarks/cpu_artifacts).
-        stability = bench.Stability.for_iterations(b.iterations, b.settle_tolerance, b.max_iterations)
-        stats = bench.time_interleaved(
-            fns, batch, b.warmup, b.iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS, stability=stability
-        )
-        eager.append(stats["eager"])
-        if "torch.compile" in stats:
-            compiled.append(stats["torch.compile"])
-        for t in timed:
-            if t.label in stats:
-                t.status.latency.append(stats[t.label])
+        for i, group in enumerate(rounds):
+            with contextlib.ExitStack() as held:
+                runners = {t.label: _held(t.runner, held) for t in group}
+                what = (
+                    f"eager and {group[0].label} (loaded again for its own round)"
+                    if isinstance(group[0].runner, UnloadedRunner)
+                    else f"eager and {len(group)} artifact(s)"
+                )
+                reporter.stage(None, f"benchmarking batch {batch}: {what}")
+                fns: dict[str, Callable[[], object]] = {
+                    "eager": _reference_call(loaded, reference_runner, feed, cm)
+                }
+                if compiled_module is not None and i == 0:
+                    fns["torch.compile"] = export.eager_callable(compiled_module[0], feed, cm.spec.inputs)
+                for t in group:
+                    if _runs_at(t.label, runners[t.label], feed, batch, reporter):
+                        fns[t.label] = _runner_call(runners[t.label], feed)
+                stats = _round(cm, fns, batch)
+                # Nothing may hold the runner as the round ends: its memory goes before the next loads.
+                fns.clear()
+                runners.clear()
+            if i == 0:
+                eager.append(stats["eager"])
+                if "torch.compile" in stats:
+                    compiled.append(stats["torch.compile"])
+            for t in group:
+                own_eager[t.label].append(stats["eager"])
+                if t.label in stats:
+                    t.status.latency.append(stats[t.label])
     for t in timed:
-        t.status.eager_latency = list(eager)
+        t.status.eager_latency = own_eager[t.label]
         first = t.status.latency[0] if t.status.latency else None
-        # Against eager at the same batch size (an artifact of a static shape skips the others).
-        same = next((e for e in eager if first and e.batch_size == first.batch_size), None)
+        # Against eager at the same batch size, in the same round (an artifact of a static shape
+        # skips the other batch sizes).
+        same = next((e for e in own_eager[t.label] if first and e.batch_size == first.batch_size), None)
         if first and same:
             t.status.speedup = round(same.p50_ms / first.p50_ms, 3)
             t.status.speedup_stable = bool(same.stable and first.stable)
@@ -98,15 +117,31 @@ def run_benchmark(
     return baselines
 
 
-def _runs_at(t: Timed, feed: inputs.Feed, batch: int, reporter: StageReporter) -> bool:
+def _runs_at(label: str, runner: Runner, feed: inputs.Feed, batch: int, reporter: StageReporter) -> bool:
     """Whether the artifact takes this batch: one exported at a static shape (an ExecuTorch
     program) runs only that one, and is left out of the other batch sizes' rounds."""
     try:
-        t.runner.run(feed)
+        runner.run(feed)
     except (BackendError, RuntimeError, ValueError) as err:
-        reporter.stage(t.label, f"not timed at batch {batch}: {str(err).strip().splitlines()[0]}")
+        reporter.stage(label, f"not timed at batch {batch}: {str(err).strip().splitlines()[0]}")
         return False
     return True
+
+
+def _held(runner: Runner, stack: contextlib.ExitStack) -> Runner:
+    """The runner to time: an unloaded one loaded again until the round ends."""
+    return stack.enter_context(runner.loaded()) if isinstance(runner, UnloadedRunner) else runner
+
+
+def _round(cm: CompiledModel, fns: dict[str, Callable[[], object]], batch: int) -> dict[str, LatencyStats]:
+    # ONNX Runtime's and OpenMP's idle workers spin for 20-50 ms and slow whatever runs next:
+    # an idle pause before each timed call waits them out, and one untimed call right before
+    # it wakes the runtime's own pool, as a server under load keeps it (benchmarks/cpu_artifacts).
+    b = cm.spec.benchmark
+    stability = bench.Stability.for_iterations(b.iterations, b.settle_tolerance, b.max_iterations)
+    return bench.time_interleaved(
+        fns, batch, b.warmup, b.iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS, stability=stability
+    )
 
 
 def _runner_call(runner: Runner, feed: inputs.Feed) -> Callable[[], object]:

@@ -1,0 +1,159 @@
+"""Which validated artifacts stay loaded until the benchmark: as many as memory allows.
+
+Every runtime holds its own copy of the weights (measured on a 2.15 GB MLP, fleet fp32: ONNX
+Runtime +2.3 GB, OpenVINO +2.1 GB, AOTInductor +2.2 GB, each beside the 2.15 GB source), and the
+interleaved benchmark wants them all loaded at once: about 6x the model's size, which kills the run
+of a 4 GB model on a 24 GB machine (or its compile pod at its memory limit). An artifact whose
+copy would leave too little room for the next build is unloaded once validated and loaded again
+for a benchmark round of its own, beside eager; its speedup is against the eager of that round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kompile.compile_jobs.backends.base import Feeds, Runner
+
+MEMORY_ENV = "KOMPILE_MEMORY_LIMIT"
+"""Bytes (or 8Gi, 512M) this run may use: a bound below the machine's, for a shared machine."""
+
+ROOM_FACTOR = 3
+"""Copies of the model's weights that must still fit after an artifact stays loaded: the next
+build's compile holds two at its peak (AOTInductor measured +4.2 GB on the 2.15 GB model), and a
+benchmark round loads one unloaded artifact again."""
+
+_UNITS = {
+    "": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """512, 512M, 8G, 8Gi (Kubernetes' suffixes) -> bytes; ValueError naming the forms it takes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?)?B?\s*", text)
+    if not m:
+        raise ValueError(f"{MEMORY_ENV}={text!r}: give bytes, or a number with K, M, G, T, Ki, Mi, Gi or Ti")
+    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+def _meminfo(key: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo", encoding="ascii") as f:
+            line = next(ln for ln in f if ln.startswith(key + ":"))
+        return int(line.split()[1]) * 1024
+    return None
+
+
+def _own_rss() -> int:
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as f:
+            line = next(ln for ln in f if ln.startswith("VmRSS:"))
+        return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What the container's memory limit still allows (cgroup v2, else v1), None without a limit."""
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
+        with contextlib.suppress(OSError, ValueError):
+            limit = (root / limit_file).read_text().strip()
+            if limit == "max" or int(limit) >= 2**60:  # v1 writes "no limit" as a huge number
+                return None
+            return int(limit) - int((root / usage_file).read_text())
+    return None
+
+
+def memory_room() -> int | None:
+    """Bytes this run can still take: the least of the machine's available memory, the container
+    limit's room and KOMPILE_MEMORY_LIMIT's. None where none of them can be read."""
+    rooms = [r for r in (_meminfo("MemAvailable"), _cgroup_room()) if r is not None]
+    if os.environ.get(MEMORY_ENV):
+        rooms.append(parse_bytes(os.environ[MEMORY_ENV]) - _own_rss())
+    return min(rooms) if rooms else None
+
+
+def weights_bytes(module: Any, onnx_path: Path | None) -> int:
+    """The model's weights in bytes: the module's parameters and buffers, else the ONNX graph's
+    folder (graph plus external data)."""
+    if module is not None and hasattr(module, "parameters"):
+        tensors = [*module.parameters(), *module.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+    if onnx_path is not None and onnx_path.exists():
+        return sum(p.stat().st_size for p in onnx_path.parent.rglob("*") if p.is_file())
+    return 0
+
+
+@dataclass
+class Residency:
+    """Decides, after each validation, whether that artifact stays loaded."""
+
+    weights: int
+    room: Callable[[], int | None] = field(default=memory_room)
+
+    def keep(self) -> bool:
+        room = self.room()
+        return room is None or room >= ROOM_FACTOR * self.weights
+
+    def describe(self) -> str:
+        room = self.room()
+        free = f"{room / 1e9:.1f} GB" if room is not None else "unknown"
+        return (
+            f"unloaded until its benchmark round: {free} of memory left, under {ROOM_FACTOR}x the "
+            f"model's {self.weights / 1e9:.2f} GB of weights"
+        )
+
+
+class UnloadedRunner:
+    """A validated runner let go to bound memory; `loaded()` brings it back for its benchmark round."""
+
+    def __init__(self, runner: Runner, load: Callable[[], Runner]) -> None:
+        self.input_names, self.output_names = list(runner.input_names), list(runner.output_names)
+        self._load = load
+        self._runner: Runner | None = None
+        _close(runner)
+
+    def run(self, feeds: Feeds) -> list[np.ndarray[Any, Any]]:
+        with self.loaded() as runner:
+            return runner.run(feeds)
+
+    @contextlib.contextmanager
+    def loaded(self) -> Iterator[Runner]:
+        """The runner, loaded again for the duration (nested uses share one load)."""
+        if self._runner is not None:
+            yield self._runner
+            return
+        self._runner = self._load()
+        try:
+            yield self._runner
+        finally:
+            runner, self._runner = self._runner, None
+            _close(runner)
+            del runner
+            gc.collect()  # before the next round loads another copy
+
+
+def _close(runner: Runner) -> None:
+    """Let the runner's memory go: its own close where it has one (a backend environment's process);
+    in-process runtimes free theirs with the last reference, which the caller drops."""
+    close = getattr(runner, "close", None)
+    if callable(close):
+        close()

@@ -1,0 +1,42 @@
+"""A run that memory cannot hold with every artifact loaded: each validated artifact is unloaded
+and timed in a round of its own beside eager, and nothing is lost (kompile.compile_jobs.residency).
+KOMPILE_MEMORY_LIMIT stands for a machine too small for the model: the rule is the same."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pipeline.conftest import small_cnn_doc
+
+
+def test_artifacts_that_do_not_fit_are_timed_one_at_a_time(
+    kompile_run: Callable[..., Any],
+    write_manifest: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KOMPILE_MEMORY_LIMIT", "1")
+    doc = small_cnn_doc(
+        targets=[
+            {"name": "ort", "backend": "onnxruntime", "precision": "fp32"},
+            {"name": "ov", "backend": "openvino", "precision": "fp32"},
+        ],
+        benchmark={"batchSizes": [1, 4], "warmup": 1, "iterations": 3},
+    )
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    assert res.stderr.count("unloaded until its benchmark round") == 2, res.stderr
+    assert "benchmarking batch 4: eager and ov (loaded again for its own round)" in res.stderr, res.stderr
+    status = json.loads(res.stdout)
+    for target in status["targets"]:
+        assert target["phase"] == "Succeeded", target.get("message")
+        assert [s["batchSize"] for s in target["latency"]] == [1, 4]
+        # Against the eager of its own round, at both batch sizes.
+        assert [s["batchSize"] for s in target["eagerLatency"]] == [1, 4]
+        assert target["speedup"] > 0
+    (eager,) = [b for b in status["baselines"] if b["name"] == "eager"]
+    assert [s["batchSize"] for s in eager["latency"]] == [1, 4]
