@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from kompile.api.resource import API_VERSION, KIND
+from kompile.api.spec import InputSpec, static_batch
 
 SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
 
@@ -95,9 +96,14 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
             "source": {"uri": source_uri},
             "inputs": input_specs(inputs, opts.dims),
             "fleet": fleet,
-            "benchmark": {"batchSizes": [1]},
+            "benchmark": {"batchSizes": [_timed_batch(input_specs(inputs, opts.dims))]},
         },
     }
+
+
+def _timed_batch(specs: list[dict[str, Any]]) -> int:
+    """1 along a dynamic batch; a static input's own batch (a [2, 16] input runs only at 2)."""
+    return static_batch([InputSpec.model_validate(s) for s in specs]) or 1
 
 
 def _block(doc: dict[str, Any], indent: int = 0) -> str:

@@ -8,6 +8,7 @@ both in step by feeding the same invalid manifests to each.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import Field, model_validator
@@ -198,6 +199,23 @@ class InputSpec(ApiModel):
             else:
                 shape[d.axis] = {"min": d.min, "opt": d.opt, "max": d.max}[which]
         return shape
+
+
+def batch_dim(signature: Sequence[InputSpec]) -> str | None:
+    """Name of the batch dimension: the dynamic dim on axis 0 of the first input, if any."""
+    for d in signature[0].dynamic_dims or []:
+        if d.axis == 0:
+            return d.name
+    return None
+
+
+def static_batch(signature: Sequence[InputSpec]) -> int | None:
+    """The one batch a signature without a dynamic batch dim runs at: its first input's leading dim
+    (1 for a single vector). None when the batch is dynamic."""
+    if batch_dim(signature) is not None:
+        return None
+    shape = signature[0].shape
+    return int(shape[0]) if len(shape) >= 2 and shape[0] > 0 else 1
 
 
 class Validation(ApiModel):

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from kompile.api.spec import InputSpec
+from kompile.api.spec import batch_dim as batch_dim  # read here beside the feeds it shapes
+from kompile.api.spec import static_batch as static_batch
 
 Feed = dict[str, np.ndarray[Any, Any]]
 
@@ -32,23 +34,6 @@ class InputMismatch(ValueError):
 
 def numpy_dtype(dtype: str) -> Any:
     return _NUMPY_DTYPES[dtype]
-
-
-def batch_dim(signature: Sequence[InputSpec]) -> str | None:
-    """Name of the batch dimension: the dynamic dim on axis 0 of the first input, if any."""
-    for d in signature[0].dynamic_dims or []:
-        if d.axis == 0:
-            return d.name
-    return None
-
-
-def static_batch(signature: Sequence[InputSpec]) -> int | None:
-    """The one batch a signature without a dynamic batch dim runs at: its first input's leading dim
-    (1 for a single vector). None when the batch is dynamic."""
-    if batch_dim(signature) is not None:
-        return None
-    shape = signature[0].shape
-    return int(shape[0]) if len(shape) >= 2 and shape[0] > 0 else 1
 
 
 def _generate_one(spec: InputSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray[Any, Any]:

@@ -74,6 +74,7 @@ def test_init_reads_the_onnx_graph_and_writes_a_commented_manifest(tmp_path: Pat
     assert inp["name"] == "image" and inp["shape"] == [-1, 3, 32, 32]
     assert inp["dynamicDims"] == [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32}]
     assert spec["fleet"] == {"enabled": True, "precisions": ["fp32"]}
+    assert spec["benchmark"] == {"batchSizes": [1]}
     # Flags override the guess; an existing file is kept unless told; a wrong dim name is named.
     code, _, err = _cli("init", str(model), "--dim", "batch=1:4:64", "--precision", "int8")
     assert code == 2 and "exists: pass --force" in err
@@ -171,3 +172,15 @@ def test_a_bad_model_file_or_flag_is_a_clear_error(tmp_path: Path) -> None:
     code, _, err = _cli("init", str(manifest))
     assert code == 2 and "is a manifest already" in err and f"kompile run {manifest}" in err, err
     assert manifest.read_text() == "apiVersion: kompile.dev/v1alpha1\n"
+
+
+def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
+    """A graph exported at batch 4 runs only at 4: batchSizes [1] would time nothing there."""
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    feed = {"image": np.zeros((4, 3, 32, 32), np.float32)}
+    model = torchscript_onnx(small_cnn().eval(), feed, tmp_path / "fixed.onnx", {}, "logits")
+    code, _, err = _cli("init", str(model))
+    assert code == 0, err
+    spec = _spec(tmp_path / "fixed.yaml")
+    assert spec["inputs"][0]["shape"] == [4, 3, 32, 32] and spec["benchmark"] == {"batchSizes": [4]}
