@@ -30,6 +30,7 @@ from kompile.compile_jobs.pipeline import (
     plan_targets,
     run_pipeline,
 )
+from kompile.compile_jobs.residency import MemoryLimitError
 from kompile.compile_jobs.sources import SourceError
 from kompile.operator import latest
 
@@ -218,7 +219,7 @@ def _run(
             uri = _tracking_uri(cm, s)
             artifacts = (s.work_dir / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
             result.status.registry = record(cm, result.status, records, uri, result.lineage, artifacts)
-    except (SourceError, ExportError, InputMismatch) as err:
+    except (SourceError, ExportError, InputMismatch, MemoryLimitError) as err:
         return 2, str(err)
     except StoreError as err:
         return 1, str(err)

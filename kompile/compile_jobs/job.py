@@ -31,6 +31,7 @@ from kompile.artifact_store import StoreError, join, put_tree, write_bytes
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
+from kompile.compile_jobs.residency import MemoryLimitError
 from kompile.compile_jobs.sources import SourceError
 from kompile.compile_jobs.trt.cache import StoreSync, sync_for_this_machine
 
@@ -154,7 +155,7 @@ def _main() -> None:
     timing = _pull_timing_cache(endpoint)
     try:
         result = run_pipeline(cm, opts, reporter)
-    except (SourceError, ExportError, InputMismatch) as err:
+    except (SourceError, ExportError, InputMismatch, MemoryLimitError) as err:
         ts = _failed(target, type(err).__name__.replace("Error", "") + "Error", str(err), hw_class)
         _terminate(compact_result(ts, None, None))
         print(f"kompile-job: {err}", file=sys.stderr)

@@ -31,7 +31,7 @@ from kompile.compile_jobs.backends.base import Runner
 from kompile.compile_jobs.build import BuildContext, plan_target, reference_results
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
-from kompile.compile_jobs.residency import Residency, weights_bytes
+from kompile.compile_jobs.residency import Residency, memory_limit, weights_bytes
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
 
 EXPORT_DIR = "export"
@@ -113,6 +113,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     status = CompiledModelStatus()
     targets = [t for t in plan_targets(cm) if not opts.only_targets or t.name in opts.only_targets]
     threads = spec.benchmark.threads or os.cpu_count() or 1
+    limit = memory_limit()  # a bad KOMPILE_MEMORY_LIMIT stops the run before any work
     bench.set_threads(threads)
 
     reporter.stage(None, f"loading source {spec.source.uri}")
@@ -149,7 +150,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         hardware_class=opts.hardware_class or local_cpu_class(),
         reporter=reporter,
         arch=opts.arch or local_arch(),
-        residency=Residency(weights_bytes(loaded.module, onnx_path)),
+        residency=Residency.for_run(weights_bytes(loaded.module, onnx_path), limit),
     )
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter)

@@ -11,6 +11,7 @@ for a benchmark round of its own, beside eager; its speedup is against the eager
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import re
@@ -44,11 +45,17 @@ _UNITS = {
 }
 
 
+class MemoryLimitError(ValueError):
+    """KOMPILE_MEMORY_LIMIT is not a size: bad input, said before any work starts."""
+
+
 def parse_bytes(text: str) -> int:
-    """512, 512M, 8G, 8Gi (Kubernetes' suffixes) -> bytes; ValueError naming the forms it takes."""
+    """512, 512M, 8G, 8Gi (Kubernetes' suffixes) -> bytes; MemoryLimitError naming the forms it takes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?)?B?\s*", text)
     if not m:
-        raise ValueError(f"{MEMORY_ENV}={text!r}: give bytes, or a number with K, M, G, T, Ki, Mi, Gi or Ti")
+        raise MemoryLimitError(
+            f"{MEMORY_ENV}={text!r}: give bytes, or a number with K, M, G, T, Ki, Mi, Gi or Ti"
+        )
     return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
 
 
@@ -82,12 +89,19 @@ def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return None
 
 
-def memory_room() -> int | None:
+def memory_limit() -> int | None:
+    """KOMPILE_MEMORY_LIMIT in bytes, None when unset; read when a run starts, so a bad value
+    stops it before any build."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    return parse_bytes(text) if text else None
+
+
+def memory_room(limit: int | None = None) -> int | None:
     """Bytes this run can still take: the least of the machine's available memory, the container
-    limit's room and KOMPILE_MEMORY_LIMIT's. None where none of them can be read."""
+    limit's room and `limit`'s (KOMPILE_MEMORY_LIMIT). None where none of them can be read."""
     rooms = [r for r in (_meminfo("MemAvailable"), _cgroup_room()) if r is not None]
-    if os.environ.get(MEMORY_ENV):
-        rooms.append(parse_bytes(os.environ[MEMORY_ENV]) - _own_rss())
+    if limit is not None:
+        rooms.append(limit - _own_rss())
     return min(rooms) if rooms else None
 
 
@@ -108,6 +122,10 @@ class Residency:
 
     weights: int
     room: Callable[[], int | None] = field(default=memory_room)
+
+    @classmethod
+    def for_run(cls, weights: int, limit: int | None) -> Residency:
+        return cls(weights, functools.partial(memory_room, limit))
 
     def keep(self) -> bool:
         room = self.room()

@@ -40,3 +40,16 @@ def test_artifacts_that_do_not_fit_are_timed_one_at_a_time(
         assert target["speedup"] > 0
     (eager,) = [b for b in status["baselines"] if b["name"] == "eager"]
     assert [s["batchSize"] for s in eager["latency"]] == [1, 4]
+
+
+def test_a_memory_limit_that_is_not_a_size_stops_the_run_before_any_build(
+    kompile_run: Callable[..., Any],
+    write_manifest: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was found after every build, as "kompile failed unexpectedly ... a bug in kompile"."""
+    monkeypatch.setenv("KOMPILE_MEMORY_LIMIT", "lots")
+    res = kompile_run(write_manifest(small_cnn_doc()), "--no-register")
+    assert res.code == 2, res.stderr
+    assert "KOMPILE_MEMORY_LIMIT='lots'" in res.stderr and "Gi" in res.stderr, res.stderr
+    assert "compiling" not in res.stderr and "bug in kompile" not in res.stderr, res.stderr

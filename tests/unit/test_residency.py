@@ -7,14 +7,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kompile.compile_jobs.residency import ROOM_FACTOR, Residency, UnloadedRunner, parse_bytes
+from kompile.compile_jobs.residency import (
+    ROOM_FACTOR,
+    MemoryLimitError,
+    Residency,
+    UnloadedRunner,
+    parse_bytes,
+)
 
 
 def test_memory_limits_read_as_bytes_with_kubernetes_suffixes() -> None:
     assert parse_bytes("512") == 512
     assert parse_bytes("8G") == 8 * 10**9 and parse_bytes("8Gi") == 8 * 2**30
     assert parse_bytes("1.5Mi") == int(1.5 * 2**20)
-    with pytest.raises(ValueError, match="KOMPILE_MEMORY_LIMIT='lots'"):
+    with pytest.raises(MemoryLimitError, match="KOMPILE_MEMORY_LIMIT"):
         parse_bytes("lots")
 
 
