@@ -23,8 +23,12 @@ from urllib.parse import urlparse
 
 from kompile.api.spec import Source
 from kompile.compile_jobs import huggingface, source_files
+from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.source_files import SourceError as SourceError  # re-exported
 from kompile.compile_jobs.user_code import where
+
+LOAD_LOG = "load.log"
+"""Beside the fetched sources: what torch printed while loading one."""
 
 _SUFFIX_FORMATS = {
     ".pt2": "pt2",
@@ -227,15 +231,17 @@ def _load_python(uri: str, base_dir: Path) -> tuple[Any, str]:
     return model.eval(), "sha256:" + h.hexdigest()
 
 
-def _load_torch_file(path: Path, fmt: str) -> tuple[Any, Any]:
-    """(eager module, ExportedProgram or None), after checking the file holds what `fmt` says."""
+def _load_torch_file(path: Path, fmt: str, log: Path) -> tuple[Any, Any]:
+    """(eager module, ExportedProgram or None), after checking the file holds what `fmt` says.
+    What torch's C++ prints meanwhile (a torch.ao quantized model's deprecation lines, straight to
+    the process's stderr) goes to `log`, not amid the progress."""
     import torch
 
     source_files.check(path, fmt)
     if fmt == "pt2":
         source_files.check_pt2_schema(path)
     try:
-        with source_files.quiet_torch_loading():
+        with source_files.quiet_torch_loading(), output_to(log):
             if fmt == "pt2":
                 program = torch.export.load(str(path))
                 return program.module(), program
@@ -296,7 +302,7 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
     # MLflow 3 logs PyTorch models as torch.export archives by default; older ones are pickles.
     pt2_files = sorted(local.rglob("*.pt2"))
     if pt2_files:
-        module, program = _load_torch_file(pt2_files[0], "pt2")
+        module, program = _load_torch_file(pt2_files[0], "pt2", cache_dir / LOAD_LOG)
         return LoadedSource(uri, "mlflow", digest, module=module, exported=program, lineage=lineage)
     # mlflow.transformers logs the Hugging Face folder itself (under model/): loaded as one.
     folders = sorted(
@@ -368,7 +374,7 @@ def load_source(
             digest = sha256_files([path, *(path.parent / f for f in external)])
             loaded = LoadedSource(source.uri, fmt, digest, onnx_path=path, quantized=quantized)
         else:
-            module, program = _load_torch_file(path, fmt)
+            module, program = _load_torch_file(path, fmt, cache_dir / LOAD_LOG)
             loaded = LoadedSource(source.uri, fmt, sha256_file(path), module=module, exported=program)
     return _check_digest(source, loaded)
 

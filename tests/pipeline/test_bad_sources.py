@@ -6,6 +6,9 @@ so its podFailurePolicy fails it at once), which the operator shows as the targe
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from tests.pipeline.conftest import run_compile_job, small_cnn_doc, torchscript_onnx
 
@@ -193,6 +197,29 @@ def test_a_torch_ao_quantized_model_says_to_bring_the_float_one(
     # The dumps come from torch's C++ code, on the process's own stdout (amid --json's output).
     printed = "".join(capfd.readouterr())
     assert "graph(" not in printed + res.stderr and "Traceback" not in res.stderr, printed
+
+
+def test_loading_a_torch_ao_model_prints_no_cpp_warning_amid_the_progress(tmp_path: Path) -> None:
+    """torch's C++ warns once per process that quantized tensors are deprecated, straight to fd 2:
+    in a fresh `kompile run` (a user's) that line landed between the progress lines."""
+    float_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    quantized = torch.ao.quantization.quantize_dynamic(float_model.eval(), {torch.nn.Linear})
+    torch.jit.trace(quantized, torch.zeros(1, 16)).save(str(tmp_path / "dynq.pt"))
+    doc = small_cnn_doc(source={"uri": "dynq.pt"}, inputs=[{"name": "x", "shape": [1, 16]}])
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(doc))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "kompile.cli", "run", "m.yaml", "--no-register"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 2 and "quantized::linear_dynamic" in done.stderr, done.stderr
+    assert "Quantizer.cpp" not in done.stderr + done.stdout, done.stderr
+    assert "Quantizer.cpp" in (tmp_path / ".kompile" / "cache" / "load.log").read_text()
 
 
 SHAPES = """

@@ -196,9 +196,11 @@ def test_a_torchscript_dict_of_heads_is_served_under_its_keys(
 ) -> None:
     """A scripted model is not wrapped (tracing cannot enter it from a wrapper), yet its dict keys
     still name the served outputs, as an eager module's do."""
-    (tmp_path / "heads.py").write_text(HEADS)
+    # Its own module name: another test imports a heads.py from its own folder, and TorchScript
+    # reads the source of the class it scripts.
+    (tmp_path / "scripted_heads.py").write_text(HEADS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    from heads import heads  # type: ignore[import-not-found]
+    from scripted_heads import heads  # type: ignore[import-not-found]
 
     torch.jit.save(torch.jit.script(heads()), str(tmp_path / "heads.pt"))
     batch = [{"axis": 0, "name": "batch", "min": 1, "opt": 2, "max": 8}]
