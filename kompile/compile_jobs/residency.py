@@ -76,16 +76,27 @@ def _own_rss() -> int:
 
 
 def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """What the container's memory limit still allows (cgroup v2, else v1), None without a limit."""
-    for limit_file, usage_file in (
-        ("memory.max", "memory.current"),
-        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    """What the container's memory limit still allows (cgroup v2, else v1), None without a limit.
+    Usage is the working set, as the kubelet counts it: the inactive page cache (files written,
+    such as the artifacts) is reclaimed before the limit kills anything."""
+    for limit_file, usage_file, stat_file, inactive in (
+        ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+        (
+            "memory/memory.limit_in_bytes",
+            "memory/memory.usage_in_bytes",
+            "memory/memory.stat",
+            "total_inactive_file",
+        ),
     ):
         with contextlib.suppress(OSError, ValueError):
             limit = (root / limit_file).read_text().strip()
             if limit == "max" or int(limit) >= 2**60:  # v1 writes "no limit" as a huge number
                 return None
-            return int(limit) - int((root / usage_file).read_text())
+            used = int((root / usage_file).read_text())
+            with contextlib.suppress(OSError, ValueError):
+                stat = dict(ln.split() for ln in (root / stat_file).read_text().splitlines())
+                used -= int(stat.get(inactive, 0))
+            return int(limit) - used
     return None
 
 

@@ -69,6 +69,9 @@ def test_the_container_limit_bounds_the_room(tmp_path: Any) -> None:
     (tmp_path / "memory.max").write_text("8589934592\n")
     (tmp_path / "memory.current").write_text("2147483648\n")
     assert _cgroup_room(tmp_path) == 6 * 2**30
+    # The inactive page cache (artifacts written) is reclaimed before the limit bites.
+    (tmp_path / "memory.stat").write_text("anon 1073741824\ninactive_file 1073741824\n")
+    assert _cgroup_room(tmp_path) == 7 * 2**30
     (tmp_path / "memory.max").write_text("max\n")
     assert _cgroup_room(tmp_path) is None
     v1 = tmp_path / "v1"
