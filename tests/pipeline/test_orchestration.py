@@ -17,7 +17,7 @@ from kompile.compile_jobs import build
 from tests.pipeline.conftest import small_cnn_doc
 
 FAST = {"name": "fast", "backend": "null"}
-SLOW = {"name": "slow", "backend": "null", "options": {"latencyMs": "5"}}
+SLOW = {"name": "slow", "backend": "null", "options": {"latencyMs": "20"}}
 BROKEN = {"name": "broken", "backend": "null", "options": {"failCompile": "true"}}
 NOISY = {"name": "noisy", "backend": "null", "options": {"perturb": "0.5"}}
 
@@ -44,7 +44,7 @@ def test_fastest_validated_candidate_wins_and_every_candidate_is_recorded(
     assert cands["noisy"]["phase"] == "Failed" and cands["noisy"]["reason"] == "ValidationFailed"
     assert not cands["noisy"]["latency"]  # only validated candidates are timed
     assert [n for n, c in cands.items() if c["selected"]] == ["fast"]
-    assert cands["slow"]["phase"] == "Succeeded" and cands["slow"]["latency"][0]["p50Ms"] >= 5
+    assert cands["slow"]["phase"] == "Succeeded" and cands["slow"]["latency"][0]["p50Ms"] >= 20
     # The target carries the winner's build and figures.
     assert t["phase"] == "Succeeded" and t["backend"] == "null"
     assert t["latency"][0]["p50Ms"] == cands["fast"]["latency"][0]["p50Ms"]
