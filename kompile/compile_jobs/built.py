@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kompile.api.spec import Target
-from kompile.api.status import CandidateStatus, TargetStatus
+from kompile.api.status import CandidateStatus, LatencyStats, TargetStatus
 from kompile.compile_jobs.backends.base import CompiledArtifact, Runner
 from kompile.compile_jobs.selection import select
 
@@ -60,12 +60,18 @@ class PlannedTarget:
         ts = self.status
         policy = self.target.selection
         by_name = {b.target.name: b for b in self.built}
-        timed = {
-            c.name: c.latency
+        validated = [
+            c
             for c in self.candidates
             if c.name in by_name and c.validation and c.validation.passed and c.latency
-        }
+        ]
+        timed = _on_one_eager(validated)
         ts.selection = select(policy, batch_sizes, timed)
+        if timed != {c.name: c.latency for c in validated} and ts.selection.message:
+            ts.selection.message += (
+                " (candidates unloaded to bound memory were timed in rounds of their own: latencies "
+                "compared after scaling each round by its eager)"
+            )
         winner = ts.selection.winner
         ts.candidates = [_candidate_status(c, by_name.get(c.name), c.name == winner) for c in self.candidates]
         if ts.phase == "Skipped":
@@ -115,4 +121,35 @@ def _candidate_status(c: TargetStatus, built: BuiltTarget | None, selected: bool
         speedup=c.speedup,
         speedup_stable=c.speedup_stable,
         artifact_digest=c.artifact.digest if c.artifact else None,
+    )
+
+
+def _on_one_eager(candidates: Sequence[TargetStatus]) -> dict[str, list[LatencyStats]]:
+    """Each candidate's latencies, comparable across benchmark rounds: a candidate timed in a round
+    of its own (kompile.compile_jobs.residency) had its own eager beside it, and a machine busier
+    in that round slowed both alike. Scaled by reference eager / own eager per batch size, the
+    ratio to eager decides, as it would have in one round; one shared round changes nothing."""
+    if not candidates:
+        return {}
+    reference = {e.batch_size: e.p50_ms for e in candidates[0].eager_latency}
+    out: dict[str, list[LatencyStats]] = {}
+    for c in candidates:
+        own = {e.batch_size: e.p50_ms for e in c.eager_latency}
+        out[c.name] = [
+            s
+            if own.get(s.batch_size) in (None, reference.get(s.batch_size)) or s.batch_size not in reference
+            else _scaled(s, reference[s.batch_size] / own[s.batch_size])
+            for s in c.latency
+        ]
+    return out
+
+
+def _scaled(s: LatencyStats, factor: float) -> LatencyStats:
+    return s.model_copy(
+        update={
+            "p50_ms": s.p50_ms * factor,
+            "p90_ms": s.p90_ms * factor,
+            "p99_ms": s.p99_ms * factor,
+            "throughput": s.throughput / factor,
+        }
     )

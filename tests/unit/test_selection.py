@@ -219,3 +219,29 @@ def test_a_served_class_leaves_device_only_backends_out_of_auto() -> None:
     assert _auto_device_only(auto, "executorch") and not _auto_device_only(auto, "onnxruntime")
     listed = Target.model_validate({"name": "t", "candidates": [{"backend": "executorch"}]})
     assert not _auto_device_only(listed, "executorch")
+
+
+def test_candidates_timed_in_rounds_of_their_own_compare_by_their_ratio_to_eager() -> None:
+    """Unloaded to bound memory, each candidate is timed beside its own eager: a round on a busier
+    machine slows both. A 10 ms candidate beside a 20 ms eager (2x) beats an 8 ms one beside a
+    10 ms eager (1.25x); in one shared round nothing is scaled."""
+    from kompile.compile_jobs.built import _on_one_eager
+
+    def stats(p50: float) -> LatencyStats:
+        return LatencyStats(batch_size=1, p50_ms=p50, p90_ms=p50, p99_ms=p50, throughput=1000 / p50)
+
+    def cand(name: str, p50: float, eager: float) -> TargetStatus:
+        return TargetStatus(
+            name=name,
+            backend="null",
+            precision="fp32",
+            phase="Succeeded",
+            latency=[stats(p50)],
+            eager_latency=[stats(eager)],
+        )
+
+    apart = _on_one_eager([cand("a", 10, 20), cand("b", 8, 10)])
+    assert select(None, [1], apart).winner == "a"
+    assert apart["b"][0].p50_ms == pytest.approx(16.0) and apart["a"][0].p50_ms == 10
+    shared = _on_one_eager([cand("a", 10, 20), cand("b", 8, 20)])
+    assert select(None, [1], shared).winner == "b" and shared["b"][0].p50_ms == 8
