@@ -61,3 +61,20 @@ def test_a_memory_limit_that_is_not_a_size_stops_the_run_before_any_build(
     assert res.code == 2, res.stderr
     assert "KOMPILE_MEMORY_LIMIT='lots'" in res.stderr and "Gi" in res.stderr, res.stderr
     assert "compiling" not in res.stderr and "bug in kompile" not in res.stderr, res.stderr
+
+
+def test_the_memory_benchmark_reports_both_runs() -> None:
+    """benchmarks/memory_bound.py on a small MLP, the bounded run's limit below anything: every
+    artifact is unloaded there and none in the other, and both runs pick a validated winner."""
+    from tests.pipeline.conftest import run_benchmark
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_bound.py"
+    args = ["--width", "64", "--depth", "2", "--limit", "1", "--iterations", "3"]
+    report = run_benchmark(script, *args, "--backends", "onnxruntime,openvino")
+    loaded, bounded = report["runs"]
+    assert (loaded["mode"], loaded["unloaded"]) == ("all-loaded", 0)
+    assert (bounded["mode"], bounded["unloaded"]) == ("bounded", 2)
+    for r in (loaded, bounded):
+        assert set(r["candidates"]) == {"onnxruntime", "openvino"} and r["winner"] in r["candidates"]
+        assert r["peakRssGB"] > 0
+    assert report["cpu"] and report["weightsGB"] == 0.0
