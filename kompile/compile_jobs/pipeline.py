@@ -286,7 +286,7 @@ def _batch_sizes(cm: CompiledModel, targets: Sequence[Target]) -> list[int]:
     """Benchmark batch sizes plus any a target's selection decides at."""
     sizes = _timed_batches(cm)
     if inputs.static_batch(cm.spec.inputs) is not None:
-        return sizes
+        return sizes  # the one batch it runs at: a selection batch elsewhere has nothing to time
     for t in targets:
         sel = t.selection
         if sel and sel.batch_size and sel.batch_size not in sizes:

@@ -59,20 +59,13 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
 
 
-def _meminfo(key: str) -> int | None:
+def _proc_kb(path: str, key: str) -> int | None:
+    """A `Key:  N kB` line of a /proc file, in bytes; None where it cannot be read."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             line = next(ln for ln in f if ln.startswith(key + ":"))
         return int(line.split()[1]) * 1024
     return None
-
-
-def _own_rss() -> int:
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/self/status", encoding="ascii") as f:
-            line = next(ln for ln in f if ln.startswith("VmRSS:"))
-        return int(line.split()[1]) * 1024
-    return 0
 
 
 def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
@@ -110,9 +103,9 @@ def memory_limit() -> int | None:
 def memory_room(limit: int | None = None) -> int | None:
     """Bytes this run can still take: the least of the machine's available memory, the container
     limit's room and `limit`'s (KOMPILE_MEMORY_LIMIT). None where none of them can be read."""
-    rooms = [r for r in (_meminfo("MemAvailable"), _cgroup_room()) if r is not None]
+    rooms = [r for r in (_proc_kb("/proc/meminfo", "MemAvailable"), _cgroup_room()) if r is not None]
     if limit is not None:
-        rooms.append(limit - _own_rss())
+        rooms.append(limit - (_proc_kb("/proc/self/status", "VmRSS") or 0))
     return min(rooms) if rooms else None
 
 

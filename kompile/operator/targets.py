@@ -31,9 +31,9 @@ class ResolvedTarget:
     resources: dict[str, Any] = field(default_factory=dict)
     runtime_class: str | None = None
     arch: str | None = None
+    """kubernetes.io/arch of its nodes where known (decides auto's candidates); None: any."""
     resources_field: str = ""
     """Where the user sizes this target's Job (spec.fleet.resources, spec.targets[i].hardware.resources)."""
-    """kubernetes.io/arch of its nodes where known (decides auto's candidates); None: any."""
 
     @property
     def name(self) -> str:
