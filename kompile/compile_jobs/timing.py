@@ -75,7 +75,15 @@ def run_benchmark(
             continue
         for i, group in enumerate(rounds):
             with contextlib.ExitStack() as held:
-                runners = {t.label: _held(t.runner, held) for t in group}
+                try:
+                    runners = {t.label: _held(t.runner, held) for t in group}
+                except (BackendError, RuntimeError, OSError) as err:
+                    # Loaded once already, at validation: say why it is not timed, and go on.
+                    why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    reporter.stage(
+                        group[0].label, f"not timed at batch {batch}: loading it again failed: {why}"
+                    )
+                    continue
                 what = (
                     f"eager and {group[0].label} (loaded again for its own round)"
                     if isinstance(group[0].runner, UnloadedRunner)

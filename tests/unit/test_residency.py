@@ -42,7 +42,7 @@ class _Runner:
         type(self).loads += 1
 
     def run(self, feeds: dict[str, Any]) -> list[np.ndarray[Any, Any]]:
-        return [feeds["x"] * 2]
+        return [next(iter(feeds.values())) * 2]
 
     def close(self) -> None:
         type(self).closed += 1
@@ -80,3 +80,35 @@ def test_the_container_limit_bounds_the_room(tmp_path: Any) -> None:
     (v1 / "memory" / "memory.usage_in_bytes").write_text("1073741824\n")
     assert _cgroup_room(v1) == 3 * 2**30
     assert _cgroup_room(tmp_path / "none") is None
+
+
+def test_an_artifact_that_will_not_load_again_is_left_untimed_and_the_run_goes_on() -> None:
+    """Loaded once at validation, an unloaded artifact could still fail to load for its round (the
+    memory it needed taken meanwhile): that round is skipped with the reason, nothing else lost."""
+    from kompile.api.status import TargetStatus
+    from kompile.compile_jobs.backends.base import BackendError
+    from kompile.compile_jobs.timing import Timed, run_benchmark
+    from tests.unit.test_operator_builders import cm
+
+    def refuse() -> _Runner:
+        raise BackendError("out of memory")
+
+    model = cm(targets=[{"name": "cpu", "backend": "onnxruntime"}], benchmark={"iterations": 1, "warmup": 0})
+    eager = _Runner()
+    loaded = type("Loaded", (), {"module": None})()
+    stays = Timed(
+        "stays",
+        _Runner(),
+        TargetStatus(name="stays", backend="onnxruntime", precision="fp32", phase="Succeeded"),
+    )
+    gone = Timed(
+        "gone",
+        UnloadedRunner(_Runner(), refuse),
+        TargetStatus(name="gone", backend="onnxruntime", precision="fp32", phase="Succeeded"),
+    )
+    said: list[str] = []
+    reporter = type("R", (), {"stage": lambda self, t, m: said.append(f"{t}: {m}")})()
+    run_benchmark(model, loaded, eager, [stays, gone], [1], reporter)  # type: ignore[arg-type]
+    assert stays.status.latency and stays.status.speedup
+    assert not gone.status.latency and gone.status.speedup is None
+    assert "gone: not timed at batch 1: loading it again failed: out of memory" in said
