@@ -49,18 +49,22 @@ class _Runner:
 
 
 def test_an_unloaded_runner_loads_for_each_use_and_lets_go_after() -> None:
-    first = _Runner()
-    unloaded = UnloadedRunner(first, _Runner)
-    assert (_Runner.loads, _Runner.closed) == (1, 1)  # the validated one was let go at once
+    class Counted(_Runner):  # its own counts, whatever other tests made of _Runner's
+        loads = 0
+        closed = 0
+
+    first = Counted()
+    unloaded = UnloadedRunner(first, Counted)
+    assert (Counted.loads, Counted.closed) == (1, 1)  # the validated one was let go at once
     assert unloaded.output_names == ["y"]
     with unloaded.loaded() as runner:
-        assert (_Runner.loads, _Runner.closed) == (2, 1)
+        assert (Counted.loads, Counted.closed) == (2, 1)
         with unloaded.loaded() as again:  # nested: one load shared
             assert again is runner
         assert runner.run({"x": np.ones(2)})[0].tolist() == [2.0, 2.0]
-    assert (_Runner.loads, _Runner.closed) == (2, 2)
+    assert (Counted.loads, Counted.closed) == (2, 2)
     assert unloaded.run({"x": np.ones(1)})[0].tolist() == [2.0]
-    assert (_Runner.loads, _Runner.closed) == (3, 3)
+    assert (Counted.loads, Counted.closed) == (3, 3)
 
 
 def test_the_container_limit_bounds_the_room(tmp_path: Any) -> None:
