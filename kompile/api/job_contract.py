@@ -38,6 +38,10 @@ class ExitCode(IntEnum):
     """The input is wrong (manifest, source, export): a retry cannot help, the Job fails at once."""
     STORE = 3
     """The artifact store was unreachable: a crash that a retry may fix, like any other code."""
+    OUT_OF_MEMORY = 137
+    """SIGKILL, which a container's exit code shows for the cgroup's OOM kill: a retry at the same memory
+    limit would be killed again, so the Job fails at once (an eviction, which kills with 137 too, is
+    matched first by its DisruptionTarget condition and retried)."""
     STOPPED = 143
     """SIGTERM (the Job's deadline passed, or its pod was deleted or evicted): nothing published, what
     a build had measured (a tvm tuning) shared; like a crash to the retry policy."""

@@ -1,8 +1,8 @@
 """Compile Job manifests. Pure: (CompiledModel, resolved target, settings) in, a Job dict out.
 
 Retry policy: the Job's backoffLimit retries crashed pods; a podFailurePolicy fails the Job at once
-on exit code 2 (bad input: a retry cannot help). The operator never re-creates a failed Job for the
-same generation, so the two never multiply.
+on exit code 2 (bad input) and 137 (OOM-killed at the container's limit): a retry cannot help. The
+operator never re-creates a failed Job for the same generation, so the two never multiply.
 """
 
 from __future__ import annotations
@@ -194,16 +194,18 @@ def build_job(
             "activeDeadlineSeconds": settings.job_deadline_seconds,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
             "podFailurePolicy": {
+                # First match wins: a disrupted pod (evicted, preempted: killed with 137 too) is
+                # retried without counting; bad input and an OOM kill fail the Job at once.
                 "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
                     {
                         "action": "FailJob",
                         "onExitCodes": {
                             "containerName": CONTAINER,
                             "operator": "In",
-                            "values": [int(ExitCode.BAD_INPUT)],
+                            "values": [int(ExitCode.BAD_INPUT), int(ExitCode.OUT_OF_MEMORY)],
                         },
                     },
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
                 ]
             },
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},

@@ -144,7 +144,8 @@ def _out_of_memory(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> str:
     limit = ((containers[0].get("resources") or {}).get("limits") or {}).get("memory")
     at = f"its memory limit of {limit}" if limit else "the node's memory"
     return (
-        f"the compile Job ran out of memory (OOMKilled at {at}): a build holds the source model, its "
+        f"the compile Job ran out of memory (OOMKilled at {at}; not retried, it would be killed "
+        "again at the same limit): a build holds the source model, its "
         "export and a compile's working copies, at least 3.5x the model's size; raise "
         f"{rt.resources_field or 'the target resources'}.limits.memory (and requests.memory, for a "
         "node with that much free), or name fewer candidates"

@@ -308,8 +308,9 @@ def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) ->
 
 def test_a_compile_job_out_of_memory_says_which_limit_to_raise(fleet: dict[str, Any]) -> None:
     """The container's memory limit held (the kubelet stand-in kills the process tree past it, as the
-    cgroup would): the Job fails after its retries and the target says OutOfMemory, with the limit
-    it hit and the field that raises it, not a bare exit code 137."""
+    cgroup would): the Job fails at once (a retry at the same limit would only be killed again) and
+    the target says OutOfMemory, with the limit it hit and the field that raises it, not a bare exit
+    code 137."""
     target = {
         "name": "tight",
         "backend": "onnxruntime",
@@ -331,3 +332,5 @@ def test_a_compile_job_out_of_memory_says_which_limit_to_raise(fleet: dict[str, 
     # The default 4Gi request was lowered to the limit given, so the pod was valid and scheduled.
     (job,) = jobs_of(fleet, "tight")
     assert job.spec.template.spec.containers[0].resources.requests["memory"] == "200Mi"
+    # The podFailurePolicy failed the Job on the first kill: one pod, not backoffLimit + 1.
+    assert job.status.failed == 1, job.status
