@@ -384,7 +384,11 @@ def summarize(status: CompiledModelStatus, generation: int | None = None) -> Com
     if len(done) < len(targets):
         conds = set_condition(conds, COMPILED, "Unknown", "Compiling", "targets still compiling", generation)
         conds = set_condition(conds, VALIDATED, "Unknown", "Compiling", "", generation)
-        conds = set_condition(conds, READY, "False", "Progressing", "compile in progress", generation)
+        # A target held up (a pod that cannot be scheduled, an image that cannot be pulled) is named:
+        # Ready's message is what kubectl get and Argo CD show.
+        held = [f"{t.name}: {t.reason}" for t in targets if t not in done and t.reason]
+        msg = "compile in progress" + ("; waiting: " + ", ".join(held) if held else "")
+        conds = set_condition(conds, READY, "False", "Progressing", msg, generation)
     else:
         failed = [t for t in considered if t not in valid]
         if len(compiled) == len(considered) and considered:

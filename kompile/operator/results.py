@@ -87,6 +87,9 @@ def from_job(
     node = node_of(pods)
     base = _base(rt, name, node)
     if state == "Running":
+        stuck = _cannot_start(rt, latest_pod(pods))
+        if stuck is not None:
+            return TargetStatus(**base, phase="Pending", reason=stuck[0], message=stuck[1]), None
         phase: TargetPhase = "Running" if node else "Pending"
         return TargetStatus(
             **base, phase=phase, message="compile Job running" if node else "waiting for a node"
@@ -136,6 +139,47 @@ def from_job(
     return TargetStatus(
         **base, phase="Failed", reason=reason or "JobFailed", message=f"{why}: {tail}" if tail else why
     ), None
+
+
+# Container waiting reasons that do not clear by themselves: the kubelet retries, and the Job waits
+# for its deadline, until someone fixes the image setting, the registry or the Secret.
+_IMAGE_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+_CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
+
+
+def _cannot_start(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """(reason, message) while the compile pod cannot start: the scheduler cannot place it or the
+    node cannot run its container. Neither fails the Job (it waits for its deadline), so without this
+    the target said only "waiting for a node" while the scheduler said what was missing."""
+    if pod is None:
+        return None
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if not spec.get("nodeName"):
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                return "Unschedulable", (
+                    f"the scheduler cannot place the compile pod: {cond.get('message') or 'no reason given'} "
+                    f"(lower {rt.resources_field or 'the target resources'}.requests, or free or add a "
+                    f"node of hardware class {rt.hardware_class} with that much room)"
+                )
+        return None
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason, said = waiting.get("reason"), waiting.get("message") or ""
+        if reason in _IMAGE_REASONS:
+            image = next((c.get("image") for c in spec.get("containers") or []), None)
+            return reason, (
+                f"node {spec['nodeName']} cannot pull the compile image {image}: {said} (check the "
+                "operator's image settings, KOMPILE_CPU_IMAGE, KOMPILE_GPU_IMAGE, KOMPILE_ENV_IMAGES, "
+                "and the node's access to the registry: a pull secret of the namespace's service account)"
+            )
+        if reason in _CONFIG_REASONS:
+            return reason, (
+                f"node {spec['nodeName']} cannot create the compile container: {said} (a Secret or "
+                "ConfigMap the pod names is missing: the Secret that spec.registry.credentialsSecret or the "
+                "operator's KOMPILE_STORE_SECRET names must exist in this namespace)"
+            )
+    return None
 
 
 def _out_of_memory(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> str:

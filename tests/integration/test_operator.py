@@ -306,6 +306,36 @@ def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) ->
         fleet["core"].delete_node("a10-0")
 
 
+def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict[str, Any]) -> None:
+    """A request no node can meet left the target "waiting for a node" until the Job's deadline:
+    the real scheduler's verdict and the field to lower reach the target's status and Ready."""
+    target = {
+        "name": "huge",
+        "backend": "onnxruntime",
+        "hardware": {
+            "nodeSelector": {"kubernetes.io/hostname": LOCAL_NODE},
+            "resources": {"requests": {"memory": "900Gi"}, "limits": {"memory": "900Gi"}},
+        },
+    }
+    fleet["custom"].create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, small_cnn_manifest("huge", targets=[target])
+    )
+    try:
+
+        def held() -> dict[str, Any] | None:
+            obj = get(fleet, "huge")
+            targets = (obj.get("status") or {}).get("targets") or []
+            return obj if targets and targets[0].get("reason") == "Unschedulable" else None
+
+        obj = wait_for("huge unschedulable", held, timeout=120)
+        (status,) = obj["status"]["targets"]
+        assert status["phase"] == "Pending" and "Insufficient memory" in status["message"], status
+        assert "spec.targets[0].hardware.resources.requests" in status["message"]
+        assert ready_condition(obj)["message"] == "compile in progress; waiting: huge: Unschedulable"
+    finally:
+        fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "huge")
+
+
 def test_a_compile_job_out_of_memory_says_which_limit_to_raise(fleet: dict[str, Any]) -> None:
     """The container's memory limit held (the kubelet stand-in kills the process tree past it, as the
     cgroup would): the Job fails at once (a retry at the same limit would only be killed again) and

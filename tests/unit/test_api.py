@@ -315,3 +315,21 @@ def test_exported_targets_neither_count_toward_ready_nor_hold_it_back() -> None:
     validated = next(c for c in alone.conditions if c.type == "Validated")
     assert (ready.status, ready.reason) == ("True", "Exported") and "no Core ML runtime" in ready.message
     assert validated.status == "False" and alone.best is None
+
+
+def test_a_target_stuck_while_others_compile_is_named_in_ready() -> None:
+    """Ready stayed "compile in progress" while a Job's pod could not be scheduled: kubectl get (and
+    Argo CD) showed nothing to act on. The waiting target's reason is in Ready's message."""
+    stuck = TargetStatus(
+        name="gpu",
+        backend="tensorrt",
+        precision="fp16",
+        phase="Pending",
+        reason="Unschedulable",
+        message="0/3 nodes",
+    )
+    running = TargetStatus(name="cpu", backend="onnxruntime", precision="fp32", phase="Running")
+    status = summarize(CompiledModelStatus(targets=[stuck, running]), 1)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert ready.reason == "Progressing"
+    assert ready.message == "compile in progress; waiting: gpu: Unschedulable", ready.message

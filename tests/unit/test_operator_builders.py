@@ -564,3 +564,56 @@ def test_an_oom_killed_compile_job_says_which_memory_limit_to_raise() -> None:
     assert failed.phase == "Failed" and failed.reason == "OutOfMemory"
     message = failed.message or ""
     assert "16Gi" in message and "spec.fleet.resources.limits.memory" in message, message
+
+
+def _waiting_pod(node: str | None, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"nodeName": node, "containers": [{"name": "compile", "image": "reg.example/compile:9"}]},
+        "status": status,
+    }
+
+
+def test_a_compile_pod_that_cannot_start_says_why_while_its_job_runs() -> None:
+    """A pod the scheduler cannot place, or whose image the node cannot pull, left the target at
+    "waiting for a node" / "compile Job running" until the Job's deadline: the reason a user must act
+    on (the scheduler's or the kubelet's words, and what to change) is in the target's status."""
+    model = cm(fleet={"enabled": True})
+    rt = next(r for r in resolve_targets(model.spec, discover(FLEET)) if r.name == "cpu-amd64-fp32")
+    unschedulable = _waiting_pod(
+        None,
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient memory.",
+            }
+        ],
+    )
+    stuck, _ = from_job(rt, _job(None), [unschedulable], None)
+    assert stuck.phase == "Pending" and stuck.reason == "Unschedulable", stuck
+    message = stuck.message or ""
+    assert "0/3 nodes are available: 3 Insufficient memory." in message
+    assert "spec.fleet.resources.requests" in message, message
+    # Not yet looked at by the scheduler: no condition, nothing to say but that it waits.
+    fresh, _ = from_job(rt, _job(None), [_waiting_pod(None, phase="Pending")], None)
+    assert fresh.phase == "Pending" and fresh.reason is None
+
+    def waiting(reason: str, text: str) -> dict[str, Any]:
+        state = {"waiting": {"reason": reason, "message": text}}
+        return _waiting_pod("n1", phase="Pending", containerStatuses=[{"name": "compile", "state": state}])
+
+    pull, _ = from_job(rt, _job(None), [waiting("ImagePullBackOff", 'Back-off pulling image "x"')], None)
+    assert pull.phase == "Pending" and pull.reason == "ImagePullBackOff" and pull.node == "n1"
+    message = pull.message or ""
+    assert "reg.example/compile:9" in message and "Back-off pulling image" in message
+    assert "KOMPILE_CPU_IMAGE" in message, message
+    config, _ = from_job(
+        rt, _job(None), [waiting("CreateContainerConfigError", 'secret "s3-creds" not found')], None
+    )
+    assert config.reason == "CreateContainerConfigError" and 's3-creds" not found' in (config.message or "")
+    # A container being created is not stuck.
+    creating, _ = from_job(rt, _job(None), [waiting("ContainerCreating", "")], None)
+    assert creating.phase == "Running" and creating.reason is None
