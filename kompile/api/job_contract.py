@@ -47,6 +47,40 @@ class ExitCode(IntEnum):
     a build had measured (a tvm tuning) shared; like a crash to the retry policy."""
 
 
+@dataclass(frozen=True)
+class JobDeadline:
+    """When the compile Job's activeDeadlineSeconds ends: counted from the Job's creation (as the Job
+    controller counts it, across retried pods), so a retried pod knows how much is left."""
+
+    created: float
+    """Unix time the operator created the Job."""
+    seconds: int
+    """Its activeDeadlineSeconds (the operator's KOMPILE_JOB_DEADLINE_SECONDS)."""
+
+    KEPT_SHARE = 0.2
+    """The last share of the deadline is kept to time and publish what was built: no candidate
+    starts in it (tvm tuning may take 75% of the deadline, spec_limits.SEARCH_SHARE, so it fits)."""
+
+    @property
+    def ends(self) -> float:
+        return self.created + self.seconds
+
+    def left(self, now: float) -> float:
+        return self.ends - now
+
+    def stop_starting(self, now: float) -> bool:
+        """True once less than KEPT_SHARE of the deadline is left."""
+        return self.left(now) < self.KEPT_SHARE * self.seconds
+
+    def to_text(self) -> str:
+        return f"{self.created:.3f}+{self.seconds}"
+
+    @classmethod
+    def from_text(cls, text: str) -> JobDeadline:
+        created, _, seconds = text.partition("+")
+        return cls(created=float(created), seconds=int(seconds))
+
+
 class JobEnv:
     """Names of the environment variables of a compile Job's container."""
 
@@ -62,6 +96,8 @@ class JobEnv:
     S3_ENDPOINT = "KOMPILE_S3_ENDPOINT"
     SOURCE_DIR = "KOMPILE_SOURCE_DIR"
     """Where relative source paths resolve (tests and local runs; pods use the working directory)."""
+    DEADLINE = "KOMPILE_JOB_DEADLINE"
+    """JobDeadline as text: the Job's creation (unix time) + its activeDeadlineSeconds."""
     TERMINATION_LOG = "KOMPILE_TERMINATION_LOG"
     """Where the compact result goes (default /dev/termination-log)."""
 
@@ -81,6 +117,8 @@ class JobSpec:
     s3_endpoint: str | None = None
     arch: str | None = None
     """None: the Job's own machine's (a target not pinned to an architecture)."""
+    deadline: JobDeadline | None = None
+    """When the Job's deadline ends; None: no deadline known (candidates bounded by their budget)."""
 
     def to_env(self) -> list[dict[str, str]]:
         env = [
@@ -93,6 +131,7 @@ class JobSpec:
             (JobEnv.WORK_DIR, self.work_dir),
             (JobEnv.TIMING_CACHE_URI, self.timing_cache_uri),
             (JobEnv.S3_ENDPOINT, self.s3_endpoint),
+            (JobEnv.DEADLINE, self.deadline.to_text() if self.deadline else None),
         ]
         return [{"name": name, "value": value} for name, value in env if value is not None]
 
@@ -113,6 +152,12 @@ class JobSpec:
             raise JobContractError(
                 f"{JobEnv.COMPILED_MODEL} or {JobEnv.TARGET} is malformed: {err}"
             ) from None
+        try:
+            deadline = JobDeadline.from_text(env[JobEnv.DEADLINE]) if env.get(JobEnv.DEADLINE) else None
+        except ValueError:
+            raise JobContractError(
+                f"{JobEnv.DEADLINE}={env[JobEnv.DEADLINE]!r}: expected <unix time>+<seconds>"
+            ) from None
         device = env.get(JobEnv.DEVICE) or "cpu"
         if device not in ("cpu", "cuda"):
             raise JobContractError(f"{JobEnv.DEVICE}={device!r}: use cpu or cuda")
@@ -126,6 +171,7 @@ class JobSpec:
             timing_cache_uri=env.get(JobEnv.TIMING_CACHE_URI) or None,
             s3_endpoint=env.get(JobEnv.S3_ENDPOINT) or None,
             arch=env.get(JobEnv.ARCH) or None,
+            deadline=deadline,
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from kompile.api.candidates import candidate_targets, is_generated, is_multi
 from kompile.api.catalog import AUTO, CATALOG, OptionsError, auto_left_out, entry
+from kompile.api.job_contract import JobDeadline
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import InputSpec, Selection, Target, Validation
 from kompile.api.status import CANDIDATES_MAX, Artifact, TargetStatus, Thresholds
@@ -67,6 +68,8 @@ class BuildContext:
     """Build folders whose files are in an artifact now: removed when the run ends."""
     residency: Residency | None = None
     """Whether each validated artifact stays loaded for the benchmark (None: all do)."""
+    deadline: JobDeadline | None = None
+    """When the compile Job's deadline ends (None: a local run, or no deadline told)."""
 
     def build_dir(self, label: str) -> Path:
         return self.work_dir / "build" / label
@@ -91,6 +94,19 @@ def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget
         ts.phase, ts.reason = "Skipped", "UnsupportedPrecision"
         ts.message = f"no backend for {device} can build precision {target.precision}"
     return planned
+
+
+def _deadline_near(deadline: JobDeadline | None) -> str | None:
+    """Why no candidate starts now: the Job's deadline would stop it with SIGTERM, and a stopped Job
+    publishes nothing, the candidates already validated included."""
+    now = time.time()
+    if deadline is None or not deadline.stop_starting(now):
+        return None
+    return (
+        f"not started: the compile Job's deadline ({deadline.seconds} s, the operator's "
+        f"KOMPILE_JOB_DEADLINE_SECONDS) ends in {max(deadline.left(now), 0):.0f} s, and its last "
+        f"{deadline.KEPT_SHARE:.0%} is kept to time and publish what was built"
+    )
 
 
 class _Tournament:
@@ -191,6 +207,8 @@ class _Tournament:
                     "on the candidates before it (selection.timeBudgetSeconds)"
                 ),
             )
+        if skip is None and planned.candidates and (near := _deadline_near(ctx.deadline)):
+            skip = ("DeadlineNear", near)
         built = None
         if skip:
             cs.phase, cs.reason, cs.message = "Skipped", skip[0], skip[1]

@@ -150,6 +150,7 @@ def _main() -> None:
         hardware_class=hw_class,
         device=job.device,
         arch=job.arch,
+        deadline=job.deadline,
     )
     reporter = LogReporter(lambda m: print(m, flush=True))
     timing = _pull_timing_cache(endpoint)

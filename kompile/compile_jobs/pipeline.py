@@ -21,7 +21,7 @@ import numpy as np
 from kompile import __version__
 from kompile.api.candidates import backends_of, target_device
 from kompile.api.catalog import entry
-from kompile.api.job_contract import RESULT_FILE, JobResult
+from kompile.api.job_contract import RESULT_FILE, JobDeadline, JobResult
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import Target
 from kompile.api.status import Baseline, CompiledModelStatus, TargetStatus, summarize
@@ -75,6 +75,8 @@ class PipelineOptions:
     arch: str | None = None
     """The class's architecture (a compile Job is told it); None: this machine's. Decides which
     backends auto offers (catalog `auto_arches`)."""
+    deadline: JobDeadline | None = None
+    """When the compile Job's deadline ends (it is told): no candidate starts in its last share."""
 
 
 __all__ = [
@@ -151,6 +153,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         reporter=reporter,
         arch=opts.arch or local_arch(),
         residency=Residency.for_run(weights_bytes(loaded.module, onnx_path), limit),
+        deadline=opts.deadline,
     )
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter)

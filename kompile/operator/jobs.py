@@ -14,7 +14,7 @@ from typing import Any
 from kompile.api.cache import prefix_root
 from kompile.api.candidates import backends_of
 from kompile.api.catalog import CATALOG
-from kompile.api.job_contract import TIMING_CACHES, ExitCode, JobSpec
+from kompile.api.job_contract import TIMING_CACHES, ExitCode, JobDeadline, JobSpec
 from kompile.api.resource import API_VERSION, KIND, CompiledModel
 from kompile.operator.settings import Settings
 from kompile.operator.targets import ResolvedTarget
@@ -54,9 +54,12 @@ def owner_reference(cm: CompiledModel) -> dict[str, Any]:
     }
 
 
-def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> JobSpec:
+def job_spec(
+    cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings, created: float | None = None
+) -> JobSpec:
     """What the Job is told (kompile.api.job_contract): the CompiledModel, its one target, where to
-    publish, and for GPU classes where the TensorRT timing caches are shared."""
+    publish, where the TensorRT timing caches are shared, and (given when it is created) when its
+    deadline ends."""
     doc = {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -82,6 +85,7 @@ def job_spec(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Setti
         timing_cache_uri=f"{root}/{TIMING_CACHES}",
         s3_endpoint=(registry.s3_endpoint if registry else None) or settings.s3_endpoint,
         arch=rt.arch,
+        deadline=JobDeadline(created, settings.job_deadline_seconds) if created is not None else None,
     )
 
 
@@ -108,13 +112,15 @@ def compile_image(rt: ResolvedTarget, settings: Settings) -> str:
     return settings.envs_image if len(needed) > 1 else settings.cpu_image
 
 
-def _env(cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings) -> list[dict[str, Any]]:
+def _env(
+    cm: CompiledModel, rt: ResolvedTarget, prefix: str, settings: Settings, created: float | None
+) -> list[dict[str, Any]]:
     pod_env = [
         {"name": "HOME", "value": SCRATCH},
         {"name": "TMPDIR", "value": SCRATCH},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    return [*job_spec(cm, rt, prefix, settings).to_env(), *pod_env]
+    return [*job_spec(cm, rt, prefix, settings, created).to_env(), *pod_env]
 
 
 def _secret_name(cm: CompiledModel, settings: Settings) -> str | None:
@@ -125,9 +131,15 @@ def _secret_name(cm: CompiledModel, settings: Settings) -> str | None:
 
 
 def build_job(
-    cm: CompiledModel, rt: ResolvedTarget, cache_key: str, prefix: str, settings: Settings
+    cm: CompiledModel,
+    rt: ResolvedTarget,
+    cache_key: str,
+    prefix: str,
+    settings: Settings,
+    created: float | None = None,
 ) -> dict[str, Any]:
-    """The compile Job for one target of one generation."""
+    """The compile Job for one target of one generation; `created` (unix time, the operator's clock
+    when it creates the Job) tells the Job when its deadline ends."""
     uid = cm.metadata.uid or ""
     generation = cm.metadata.generation or 0
     labels = {
@@ -143,7 +155,7 @@ def build_job(
         "image": compile_image(rt, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["kompile-job"],
-        "env": _env(cm, rt, prefix, settings),
+        "env": _env(cm, rt, prefix, settings, created),
         "resources": rt.resources,
         "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
         # Crashes leave no termination message; the log tail then tells the user why.

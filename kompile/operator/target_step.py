@@ -4,6 +4,7 @@ reused from the content-addressed cache, or a compile Job launched for it, in th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -210,7 +211,7 @@ def _launch_job(
     if over:
         event("Warning", "TuningOverDeadline", f"target {rt.name}: {over}")
         return _status(rt, key, phase="Failed", reason="TuningOverDeadline", message=over)
-    manifest = build_job(cm, rt, key, prefix, settings)
+    manifest = build_job(cm, rt, key, prefix, settings, created=time.time())
     try:
         created = kube.create_job(cm.metadata.namespace or "default", manifest)
     except ApiException as err:

@@ -322,11 +322,17 @@ def compile_for_a_stood_in_gpu(
 
 
 def run_compile_job(
-    monkeypatch: pytest.MonkeyPatch, doc: dict[str, Any], target: Any, root: Path, source_dir: Path
+    monkeypatch: pytest.MonkeyPatch,
+    doc: dict[str, Any],
+    target: Any,
+    root: Path,
+    source_dir: Path,
+    **told: Any,
 ) -> tuple[int, Any]:
     """`kompile-job` in-process as a pod runs it: the artifact store under root/store, the pod's
     emptyDir root/scratch (also its HOME and TMPDIR, holding the termination log as in the kubelet
-    stand-in). Its exit code and the status its termination message carries."""
+    stand-in); `told`: more JobSpec fields. Its exit code and the status its termination message
+    carries."""
     from kompile.api.job_contract import JobSpec, parse_compact
     from kompile.compile_jobs import job
 
@@ -339,6 +345,7 @@ def run_compile_job(
         device="cpu",
         artifact_prefix=(root / "store" / "cache" / "k").as_uri(),
         work_dir=str(scratch),
+        **told,
     )
     for item in spec.to_env():
         monkeypatch.setenv(item["name"], item["value"])

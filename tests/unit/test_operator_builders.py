@@ -15,6 +15,7 @@ from kompile.api.job_contract import (
     TERMINATION_LIMIT,
     ExitCode,
     JobContractError,
+    JobDeadline,
     JobEnv,
     JobResult,
     JobSpec,
@@ -617,3 +618,20 @@ def test_a_compile_pod_that_cannot_start_says_why_while_its_job_runs() -> None:
     # A container being created is not stuck.
     creating, _ = from_job(rt, _job(None), [waiting("ContainerCreating", "")], None)
     assert creating.phase == "Running" and creating.reason is None
+
+
+def test_a_compile_job_is_told_when_its_deadline_ends() -> None:
+    """The Job counts its deadline from its creation, as the Job controller does: a retried pod
+    knows how much is left (kompile.compile_jobs.build: no candidate starts in its last 20%)."""
+    model = cm(targets=[{"name": "cpu", "backend": "onnxruntime"}])
+    (rt,) = resolve_targets(model.spec, [])
+    settings = Settings(job_deadline_seconds=1800)
+    job = build_job(model, rt, "k" * 40, "s3://b/root/cache/ns/k", settings, created=1000.5)
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    told = JobSpec.from_env(env).deadline
+    assert told == JobDeadline(created=1000.5, seconds=1800) and told.ends == 2800.5
+    assert job["spec"]["activeDeadlineSeconds"] == 1800
+    assert not told.stop_starting(2800.5 - 361) and told.stop_starting(2800.5 - 359)
+    env[JobEnv.DEADLINE] = "soon"
+    with pytest.raises(JobContractError, match="KOMPILE_JOB_DEADLINE='soon'"):
+        JobSpec.from_env(env)
