@@ -135,6 +135,14 @@ def from_job(
     exit_code = (term or {}).get("exitCode")
     why = f"compile Job failed ({reason or 'Failed'}"
     why += f", exit code {exit_code})" if exit_code is not None else ")"
+    if reason == "DeadlineExceeded":
+        # The bound is the operator's, not the spec's: say where it is set.
+        seconds = (job.get("spec") or {}).get("activeDeadlineSeconds")
+        why += (
+            f": it ran past its deadline of {seconds} s (the operator's KOMPILE_JOB_DEADLINE_SECONDS, "
+            "chart value jobs.deadlineSeconds) while one candidate was building; raise it, or lower "
+            "that candidate's tuning budget. Its log ends"
+        )
     tail = message[-MESSAGE_TAIL:].strip()
     return TargetStatus(
         **base, phase="Failed", reason=reason or "JobFailed", message=f"{why}: {tail}" if tail else why

@@ -635,3 +635,16 @@ def test_a_compile_job_is_told_when_its_deadline_ends() -> None:
     env[JobEnv.DEADLINE] = "soon"
     with pytest.raises(JobContractError, match="KOMPILE_JOB_DEADLINE='soon'"):
         JobSpec.from_env(env)
+
+
+def test_a_job_past_its_deadline_says_which_setting_bounds_it() -> None:
+    """DeadlineExceeded with the log tail left a tenant to find out that the operator's setting,
+    not the spec, bounds a compile Job: the message names the deadline and where it is set."""
+    (rt,) = resolve_targets(cm(targets=[{"name": "cpu", "backend": "onnxruntime"}]).spec, [])
+    job = _job("Failed", "DeadlineExceeded")
+    job["spec"] = {"activeDeadlineSeconds": 3600}
+    stopped, _ = from_job(rt, job, [_pod("kompile-job: stopped by SIGTERM", 143)], None)
+    assert stopped.phase == "Failed" and stopped.reason == "DeadlineExceeded"
+    message = stopped.message or ""
+    assert "3600 s" in message and "KOMPILE_JOB_DEADLINE_SECONDS" in message, message
+    assert "jobs.deadlineSeconds" in message and "stopped by SIGTERM" in message, message
