@@ -125,6 +125,9 @@ def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition document."""
     spec_schema = openapi_schema(CompiledModelSpec)
     status_schema = openapi_schema(CompiledModelStatus)
+    # Applied when an object without status is read: a new CompiledModel reads as not yet observed
+    # (kstatus, Flux's health check, took one without status as Current) until the operator writes.
+    status_schema["default"] = {"observedGeneration": 0}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -23,6 +23,9 @@ TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped", "E
 COMPILED = "Compiled"
 VALIDATED = "Validated"
 READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+"""kstatus' two conditions (Flux's health checks, cli-utils): written from Ready by progress_conditions."""
 
 
 # What status holds per target: the tournament builds no more (kompile.compile_jobs.build).
@@ -305,8 +308,8 @@ class CompiledModelStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=32,
-        description="Summary conditions: Compiled, Validated, Ready; Registered (MLflow) and StoreReachable "
-        "(artifact store) when they apply.",
+        description="Summary conditions: Compiled, Validated, Ready, and kstatus' Reconciling and Stalled "
+        "(Flux's health checks); Registered (MLflow) and StoreReachable (artifact store) when they apply.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     targets: list[TargetStatus] = Field(
@@ -416,3 +419,27 @@ def summarize(status: CompiledModelStatus, generation: int | None = None) -> Com
     status.conditions = conds
     status.observed_generation = generation
     return status
+
+
+def progress_conditions(status: CompiledModelStatus, suspended: bool = False) -> None:
+    """Set Reconciling and Stalled from Ready and the targets, the verdicts of the Argo CD health
+    check (gitops/argocd/health.lua), for kstatus (Flux's health checks), which tells a failure
+    from work in progress only by Stalled: without it a failed CompiledModel read as InProgress
+    until a Flux wait timed out. Reconciling: targets still compile (or wait, suspended) or Ready
+    is Unknown. Stalled: Ready is False with nothing left running, so only a change can help."""
+    generation = status.observed_generation
+    ready = next((c for c in status.conditions if c.type == READY), None)
+    running = [t for t in status.targets if t.phase in ("Pending", "Running")]
+    conds = status.conditions
+    if ready is None or running or ready.status == "Unknown":
+        reason = "Suspended" if suspended and running else ready.reason if ready else "Progressing"
+        message = (ready.message if ready else "") or ""
+        conds = set_condition(conds, RECONCILING, "True", reason, message, generation)
+        conds = set_condition(conds, STALLED, "False", reason, "", generation)
+    elif ready.status == "False":
+        conds = set_condition(conds, RECONCILING, "False", ready.reason, "", generation)
+        conds = set_condition(conds, STALLED, "True", ready.reason, ready.message or "", generation)
+    else:
+        conds = set_condition(conds, RECONCILING, "False", ready.reason, "", generation)
+        conds = set_condition(conds, STALLED, "False", ready.reason, "", generation)
+    status.conditions = conds

@@ -16,7 +16,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from kompile.api.resource import CompiledModel, format_validation_error
-from kompile.api.status import CompiledModelStatus, TargetStatus, set_condition, summarize
+from kompile.api.status import (
+    CompiledModelStatus,
+    TargetStatus,
+    progress_conditions,
+    set_condition,
+    summarize,
+)
 from kompile.operator import latest, metrics, spec_limits, tenancy
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.fleet import HardwareClass
@@ -100,7 +106,9 @@ def _write_status(
     kube: Kube, doc: Mapping[str, Any], namespace: str, name: str, status: CompiledModelStatus
 ) -> bool:
     """Patch the status unless it equals the one read: a settled CompiledModel costs no write (and
-    no watch event that would wake anything)."""
+    no watch event that would wake anything). Reconciling and Stalled are derived here, from what
+    every path before set."""
+    progress_conditions(status, suspended=bool((doc.get("spec") or {}).get("suspend")))
     new = status.model_dump(by_alias=True, mode="json")
     try:
         old = CompiledModelStatus.model_validate(doc.get("status") or {}).model_dump(

@@ -438,6 +438,23 @@ def test_full_status_round_trips_unpruned(control_plane: ControlPlane, namespace
     assert stored["metadata"]["generation"] == generation, "a status write must not bump the generation"
 
 
+def test_a_new_compiled_model_reads_in_progress_before_the_operator_looks(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """Between `kubectl apply` and the operator's first status write a CompiledModel had no status,
+    which kstatus (Flux's health check) reads as Current: a Kustomization with `wait: true` could
+    pass before anything compiled. The CRD defaults status.observedGeneration to 0, behind any
+    generation, so it reads InProgress until the operator writes its own."""
+    from tests.support.kstatus import kstatus
+
+    created = _create(control_plane, "not-yet-looked-at")
+    stored = _get(control_plane, "not-yet-looked-at")
+    assert stored["status"] == {"observedGeneration": 0}, stored.get("status")
+    assert created["metadata"]["generation"] == 1
+    status, message = kstatus(stored)
+    assert status == "InProgress" and "observed generation is 0" in message, (status, message)
+
+
 def test_spec_update_keeps_status(control_plane: ControlPlane, namespace: str) -> None:
     status = _full_status()
     before = _create(control_plane, "spec-update")

@@ -32,6 +32,7 @@ from tests.integration.fleet import (
     wait_for,
 )
 from tests.integration.kubelet_standin import KubeletStandIn
+from tests.support.kstatus import kstatus
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "kompile-it"
@@ -332,6 +333,8 @@ def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict
         assert status["phase"] == "Pending" and "Insufficient memory" in status["message"], status
         assert "spec.targets[0].hardware.resources.requests" in status["message"]
         assert ready_condition(obj)["message"] == "compile in progress; waiting: huge: Unschedulable"
+        # Flux (kstatus) waits on it, and says why.
+        assert kstatus(obj) == ("InProgress", "compile in progress; waiting: huge: Unschedulable")
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "huge")
 
@@ -364,3 +367,6 @@ def test_a_compile_job_out_of_memory_says_which_limit_to_raise(fleet: dict[str, 
     assert job.spec.template.spec.containers[0].resources.requests["memory"] == "200Mi"
     # The podFailurePolicy failed the Job on the first kill: one pod, not backoffLimit + 1.
     assert job.status.failed == 1, job.status
+    # Flux (kstatus) fails its wait at once, with the reason, rather than timing out on InProgress.
+    flux, message = kstatus(obj)
+    assert flux == "Failed" and "OutOfMemory" in message, (flux, message)
