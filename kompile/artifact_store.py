@@ -196,6 +196,23 @@ def write_bytes(
         raise _s3_error("write of", uri, err) from None
 
 
+def delete(uri: str, endpoint: str | None = None, credentials: Credentials | None = None) -> None:
+    """Remove one object (or file); one that is not there is no error."""
+    if not is_s3(uri):
+        try:
+            _local(uri).unlink(missing_ok=True)
+        except OSError as err:
+            raise StoreError(f"delete of {uri} failed: {err.strerror or type(err).__name__}") from None
+        return
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = _s3(uri)
+    try:
+        s3_client(endpoint, credentials).delete_object(Bucket=loc.bucket, Key=loc.key)
+    except (BotoCoreError, ClientError) as err:
+        raise _s3_error("delete of", uri, err) from None
+
+
 @contextlib.contextmanager
 def locked(lock: Path) -> Iterator[None]:
     """An exclusive lock on the file `lock` (created with its folder) across processes of this

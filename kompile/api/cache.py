@@ -55,6 +55,14 @@ def artifact_prefix(store_root: str, namespace: str, key: str) -> str:
     return f"{store_root.rstrip('/')}/cache/{namespace}/{key}"
 
 
+def progress_uri(prefix: str) -> str:
+    """Where the compile Job for an artifact prefix tells its progress while it runs: beside the
+    namespace's cache entries (a tenant's store credentials reach it), never inside the entry,
+    which KServe copies whole to the server."""
+    folder, key = prefix.rstrip("/").rsplit("/", 1)
+    return f"{folder}/progress/{key}.json"
+
+
 def prefix_root(prefix: str) -> str:
     """The store root of a prefix made by artifact_prefix (its last three segments dropped)."""
     return prefix.rstrip("/").rsplit("/", 3)[0]

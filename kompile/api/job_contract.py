@@ -175,6 +175,26 @@ class JobSpec:
         )
 
 
+PROGRESS_EVERY_SECONDS = 5.0
+"""A running Job writes its latest progress line at most this often (kompile.compile_jobs.progress)."""
+
+
+class JobProgress(ApiModel):
+    """progress.json: what a running compile Job is doing, for the operator to show in the target's
+    status (a Job runs for minutes, tuning for up to most of an hour)."""
+
+    line: str = Field(description="The Job's latest progress line, as its log shows it.")
+    at: str = Field(description="When the line was written (RFC 3339).")
+    started: str = Field(description="When the Job's pipeline started (RFC 3339).")
+
+    def dumps(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    @classmethod
+    def loads(cls, data: str | bytes) -> JobProgress:
+        return cls.model_validate_json(data)
+
+
 class JobResult(ApiModel):
     """result.json: one target's outcome, beside its artifact (or alone when nothing was built)."""
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kompile.api.cache import progress_uri
 from kompile.api.job_contract import (
     RESULT_FILE,
     ExitCode,
@@ -31,6 +32,7 @@ from kompile.artifact_store import StoreError, join, put_tree, write_bytes
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
+from kompile.compile_jobs.progress import StoreProgress
 from kompile.compile_jobs.residency import MemoryLimitError
 from kompile.compile_jobs.sources import SourceError
 from kompile.compile_jobs.trt.cache import StoreSync, sync_for_this_machine
@@ -152,7 +154,24 @@ def _main() -> None:
         arch=job.arch,
         deadline=job.deadline,
     )
-    reporter = LogReporter(lambda m: print(m, flush=True))
+    # Each line to the pod's log; the latest also to the store, for the target's status.
+    progress = StoreProgress(LogReporter(lambda m: print(m, flush=True)), progress_uri(prefix), endpoint)
+    try:
+        _run(cm, opts, progress, target, hw_class, prefix, endpoint)
+    finally:
+        progress.close()
+
+
+def _run(
+    cm: CompiledModel,
+    opts: PipelineOptions,
+    reporter: StoreProgress,
+    target: Target,
+    hw_class: str,
+    prefix: str,
+    endpoint: str | None,
+) -> None:
+    """Run the pipeline and publish what it built; exits with the code the podFailurePolicy reads."""
     timing = _pull_timing_cache(endpoint)
     try:
         result = run_pipeline(cm, opts, reporter)
@@ -165,6 +184,7 @@ def _main() -> None:
     status = result.status.targets[0]
     version = result.built[0].params.get("backend_version") if result.built else None
     if result.built:
+        reporter.stage(None, f"publishing to {prefix}")
         try:
             _publish(result.built[0].repo_dir, status, prefix, endpoint)
         except StoreError as err:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kompile.api.job_contract import parse_compact
+from kompile.api.job_contract import JobProgress, parse_compact
 from kompile.api.status import TargetPhase, TargetStatus
 from kompile.operator.targets import ResolvedTarget
 
@@ -147,6 +147,30 @@ def from_job(
     return TargetStatus(
         **base, phase="Failed", reason=reason or "JobFailed", message=f"{why}: {tail}" if tail else why
     ), None
+
+
+def with_progress(
+    ts: TargetStatus, progress: JobProgress | None, now: datetime | None = None
+) -> TargetStatus:
+    """A running target's message with what its Job last told: "compile Job running" said nothing
+    for the minutes (up to most of an hour, tuning) a Job runs."""
+    if progress is None or ts.phase != "Running" or ts.reason is not None:
+        return ts
+    now = now or datetime.now(UTC)
+    ago = _seconds_between(progress.at, now)
+    ran = _seconds_between(progress.started, now)
+    when = f"{ago:.0f} s ago" if ago is not None else "at an unknown time"
+    since = f" for {ran / 60:.0f} min" if ran is not None and ran >= 60 else ""
+    ts.message = f"compile Job running{since}: {progress.line} ({when})"
+    return ts
+
+
+def _seconds_between(stamp: str, now: datetime) -> float | None:
+    try:
+        then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max((now - then).total_seconds(), 0.0)
 
 
 # Container waiting reasons that do not clear by themselves: the kubelet retries, and the Job waits

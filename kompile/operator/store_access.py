@@ -11,7 +11,8 @@ from typing import TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
-from kompile.api.job_contract import RESULT_FILE, JobResult
+from kompile.api.cache import progress_uri
+from kompile.api.job_contract import RESULT_FILE, JobProgress, JobResult
 from kompile.api.resource import CompiledModel
 from kompile.artifact_store import (
     StoreError,
@@ -153,6 +154,17 @@ def read_stored_result(prefix: str, store: StoreAccess) -> JobResult | None:
     try:
         return JobResult.loads(data)
     except ValueError:
+        return None
+
+
+def read_progress(prefix: str, store: StoreAccess) -> JobProgress | None:
+    """What the running compile Job for `prefix` last told (kompile.compile_jobs.progress), or None:
+    not written yet, unreadable, or the store is down (progress is never worth a failed reconcile)."""
+    uri = progress_uri(prefix)
+    try:
+        data = store_call(uri, store, lambda: read_bytes(uri, store.endpoint, store.credentials))
+        return JobProgress.loads(data) if data else None
+    except (StoreUnavailable, ValueError):
         return None
 
 

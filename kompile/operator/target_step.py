@@ -18,7 +18,7 @@ from kompile.operator import metrics, spec_limits, tensorrt_match
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.jobs import ANNOTATION_CACHE_KEY, ANNOTATION_PREFIX, build_job, compile_image
 from kompile.operator.kube import Kube, api_message
-from kompile.operator.results import from_job
+from kompile.operator.results import from_job, with_progress
 from kompile.operator.settings import Settings
 from kompile.operator.store_access import (
     STORE_UNAVAILABLE,
@@ -26,6 +26,7 @@ from kompile.operator.store_access import (
     StoreAccess,
     StoreUnavailable,
     entry_complete,
+    read_progress,
     read_stored_result,
     source_fingerprint,
     store_root,
@@ -149,6 +150,8 @@ def _from_job(
     name = job["metadata"]["name"]
     job_pods = pods(name) if pods is not None else kube.job_pods(namespace, name)
     ts, _digest = from_job(rt, job, job_pods, stored.target if stored else None)
+    if ts.phase == "Running" and ts.reason is None:
+        ts = with_progress(ts, read_progress(prefix, store))
     ts.cache_key = key
     if ts.node is None and prev is not None:
         ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier

@@ -191,7 +191,8 @@ def token_kubeconfig(plane: Any, namespace: str, account: str, path: Path) -> Pa
     return path
 
 
-Decide = Callable[[dict[str, Any]], tuple[int, str]]
+Decide = Callable[[dict[str, Any]], tuple[int, str] | None]
+"""A compile pod's exit code and termination message, or None: the test reports it itself later."""
 """Given a KWOK compile pod, the (exit code, termination message) it should report."""
 
 
@@ -309,7 +310,10 @@ class KwokReporter(WatchThread):
         node = pod.spec.node_name
         if not node or node == LOCAL_NODE or EXIT_CODE in (pod.metadata.annotations or {}):
             return
-        code, message = self.decide(client.ApiClient().sanitize_for_serialization(pod))
+        decided = self.decide(client.ApiClient().sanitize_for_serialization(pod))
+        if decided is None:
+            return  # held Running until the test annotates it
+        code, message = decided
         patch = {"metadata": {"annotations": {EXIT_CODE: str(code), MESSAGE: message}}}
         try:
             self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, patch)

@@ -12,6 +12,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,16 @@ import pytest
 from kubernetes import client, config
 
 from devtools.devcluster import ControlPlane
+from kompile.api.cache import progress_uri
 from kompile.api.candidates import backends_of
-from kompile.api.job_contract import JobSpec
+from kompile.api.job_contract import JobProgress, JobSpec
+from kompile.artifact_store import write_bytes
 from tests.integration.fleet import (
     CLASSES,
     LOCAL_NODE,
     KwokReporter,
     OperatorProcess,
+    gpu_target,
     kwok_node,
     small_cnn_manifest,
     succeed_and_publish,
@@ -43,10 +47,17 @@ FAIL_TARGETS = {(FLAKY, FAILING_TARGET)}
 """(CompiledModel, target) pairs whose compile fails: only that model's target, whatever runs beside it."""
 
 
-def decide(pod: dict[str, Any]) -> tuple[int, str]:
-    """KWOK pods succeed with a plausible result unless their (model, target) is in FAIL_TARGETS."""
+HELD = "held"
+"""A CompiledModel whose KWOK compile pods stay Running until the test reports them."""
+
+
+def decide(pod: dict[str, Any]) -> tuple[int, str] | None:
+    """KWOK pods succeed with a plausible result unless their (model, target) is in FAIL_TARGETS;
+    HELD's wait for the test."""
     labels = pod["metadata"].get("labels", {})
     target = labels.get("kompile.dev/target", "")
+    if labels.get("kompile.dev/compiledmodel") == HELD:
+        return None
     if (labels.get("kompile.dev/compiledmodel", ""), target) in FAIL_TARGETS:
         return 1, "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: out of memory"
     return succeed_and_publish(pod)
@@ -337,6 +348,39 @@ def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict
         assert kstatus(obj) == ("InProgress", "compile in progress; waiting: huge: Unschedulable")
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "huge")
+
+
+def test_a_running_target_shows_what_its_job_last_told(fleet: dict[str, Any]) -> None:
+    """A running compile Job writes its latest progress line to the store (progress_uri beside its
+    cache entry); the operator shows it in the target's message at its next look, not only
+    "compile Job running" until the Job ends. The KWOK pod is held Running; the test writes the
+    line the Job would."""
+    target = gpu_target("gpu", "NVIDIA-H100-80GB-HBM3")
+    fleet["custom"].create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, small_cnn_manifest(HELD, targets=[target])
+    )
+    try:
+
+        def running() -> dict[str, Any] | None:
+            targets = (get(fleet, HELD).get("status") or {}).get("targets") or []
+            return targets[0] if targets and targets[0]["phase"] == "Running" else None
+
+        wait_for("held target running", running, timeout=120)
+        (job,) = jobs_of(fleet, HELD)
+        prefix = job.metadata.annotations["kompile.dev/artifact-prefix"]
+        line = "[gpu/tensorrt] compiling with tensorrt 10.13 at fp16"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        told = JobProgress(line=line, at=now, started=now)
+        write_bytes(progress_uri(prefix), told.dumps().encode())
+
+        def shown() -> str | None:
+            status = running()
+            return status["message"] if status and line in (status.get("message") or "") else None
+
+        message = wait_for("progress in status", shown, timeout=120)
+        assert message.startswith("compile Job running: " + line + " ("), message
+    finally:
+        fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, HELD)
 
 
 def test_a_compile_job_out_of_memory_says_which_limit_to_raise(fleet: dict[str, Any]) -> None:

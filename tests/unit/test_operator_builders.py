@@ -648,3 +648,29 @@ def test_a_job_past_its_deadline_says_which_setting_bounds_it() -> None:
     message = stopped.message or ""
     assert "3600 s" in message and "KOMPILE_JOB_DEADLINE_SECONDS" in message, message
     assert "jobs.deadlineSeconds" in message and "stopped by SIGTERM" in message, message
+
+
+def test_a_running_target_says_what_its_job_is_doing() -> None:
+    """ "compile Job running" said nothing for the minutes a Job runs: the line its Job last wrote
+    to the store (kompile.compile_jobs.progress) is in the target's message, with its age."""
+    from datetime import datetime
+
+    from kompile.api.job_contract import JobProgress
+    from kompile.operator.results import with_progress
+
+    (rt,) = resolve_targets(cm(targets=[{"name": "cpu", "backend": "onnxruntime"}]).spec, [])
+    running, _ = from_job(rt, _job(None), [_waiting_pod("n1", phase="Running")], None)
+    told = JobProgress(
+        line="[cpu/openvino] compiling with openvino 2025.3 at int8",
+        at="2026-11-29T10:00:00Z",
+        started="2026-11-29T09:48:00Z",
+    )
+    now = datetime(2026, 11, 29, 10, 0, 7, tzinfo=UTC)
+    shown = with_progress(running, told, now)
+    assert shown.message == (
+        "compile Job running for 12 min: [cpu/openvino] compiling with openvino 2025.3 at int8 (7 s ago)"
+    ), shown.message
+    # Nothing told yet, or a target held up for a reason of its own: left as it was.
+    assert with_progress(running.model_copy(), None, now).message == running.message
+    stuck, _ = from_job(rt, _job(None), [_waiting_pod(None, phase="Pending")], None)
+    assert with_progress(stuck, told, now).message == "waiting for a node"
