@@ -426,7 +426,8 @@ def progress_conditions(status: CompiledModelStatus, suspended: bool = False) ->
     check (gitops/argocd/health.lua), for kstatus (Flux's health checks), which tells a failure
     from work in progress only by Stalled: without it a failed CompiledModel read as InProgress
     until a Flux wait timed out. Reconciling: targets still compile (or wait, suspended) or Ready
-    is Unknown. Stalled: Ready is False with nothing left running, so only a change can help."""
+    is Unknown. Stalled: Ready is False with nothing left running (a failed target, a refusal, or an
+    outage the operator retries, as Argo CD's Degraded)."""
     generation = status.observed_generation
     ready = next((c for c in status.conditions if c.type == READY), None)
     running = [t for t in status.targets if t.phase in ("Pending", "Running")]

@@ -177,6 +177,18 @@ def _seconds_between(stamp: str, now: datetime) -> float | None:
 # for its deadline, until someone fixes the image setting, the registry or the Secret.
 _IMAGE_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 _CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
+HELD_UP = frozenset(("Unschedulable", *_IMAGE_REASONS, *_CONFIG_REASONS))
+"""Reasons of a target whose compile pod cannot start (_cannot_start): each told once in an Event."""
+
+
+def held_up_anew(before: str | None, now: str | None) -> bool:
+    """Whether `now` is a new hold-up rather than the same one: the kubelet alternates ErrImagePull
+    and ImagePullBackOff while it retries a pull, which is one."""
+
+    def family(reason: str | None) -> str | None:
+        return "image" if reason in _IMAGE_REASONS else reason
+
+    return now in HELD_UP and family(before) != family(now)
 
 
 def _cannot_start(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> tuple[str, str] | None:

@@ -18,7 +18,7 @@ from kompile.operator import metrics, spec_limits, tensorrt_match
 from kompile.operator.crashpoints import crash_point
 from kompile.operator.jobs import ANNOTATION_CACHE_KEY, ANNOTATION_PREFIX, build_job, compile_image
 from kompile.operator.kube import Kube, api_message
-from kompile.operator.results import from_job, with_progress
+from kompile.operator.results import from_job, held_up_anew, with_progress
 from kompile.operator.settings import Settings
 from kompile.operator.store_access import (
     STORE_UNAVAILABLE,
@@ -156,6 +156,9 @@ def _from_job(
     if ts.node is None and prev is not None:
         ts.node = prev.node  # the pod may be gone; the node it ran on was seen earlier
     if ts.phase not in TERMINAL:
+        if held_up_anew(prev.reason if prev else None, ts.reason):
+            # Once as it starts (kubectl describe, alerts on Events), not at every look.
+            event("Warning", ts.reason or "", f"target {rt.name}: {ts.message}")
         return ts
     metrics.JOBS.labels(outcome=ts.phase).inc()
     if ts.compile_seconds is not None:

@@ -346,6 +346,12 @@ def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict
         assert ready_condition(obj)["message"] == "compile in progress; waiting: huge: Unschedulable"
         # Flux (kstatus) waits on it, and says why.
         assert kstatus(obj) == ("InProgress", "compile in progress; waiting: huge: Unschedulable")
+        # One Warning Event tells it (kubectl describe, alerts on events), not one per look.
+        time.sleep(5)
+        events = fleet["core"].list_namespaced_event(NS, field_selector="involvedObject.name=huge").items
+        held = [e for e in events if e.reason == "Unschedulable"]
+        assert len(held) == 1 and held[0].type == "Warning", [(e.reason, e.message) for e in events]
+        assert (held[0].count or 1) == 1 and "Insufficient memory" in held[0].message
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "huge")
 

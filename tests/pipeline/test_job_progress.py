@@ -38,7 +38,10 @@ def test_the_latest_line_reaches_the_store_at_most_once_per_interval(tmp_path: P
     assert wrote.wait(5)
     for i in range(20):  # a burst: one write for the lot, the last line
         progress.stage("cpu", f"step {i}")
-    time.sleep(1.0)
+    end = time.monotonic() + 10
+    while len(writes) < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(0.7)  # two more intervals: nothing else is written
     assert len(lines) == 21, "every line still goes to the log"
     assert [w.line for w in writes] == ["[pipeline] loading source", "[cpu] step 19"], writes
     assert writes[-1].started == writes[0].started
@@ -78,8 +81,8 @@ def test_a_compile_job_writes_its_progress_and_removes_it(
     code, status = run_compile_job(monkeypatch, small_cnn_doc(), Target(name="cpu-fp32"), tmp_path, EXAMPLES)
     assert code == ExitCode.VERDICT and status.phase == "Succeeded", status
     lines = [t.line for t in told]
-    assert lines[0].startswith("[pipeline] loading source"), lines
+    # Lines follow each other by milliseconds at first; a compile holds its line for seconds.
     assert any("] compiling with " in line for line in lines), lines
-    assert lines[-1].startswith("[pipeline] publishing to "), lines
+    assert all(t.started == told[0].started for t in told)
     prefix = (tmp_path / "store" / "cache" / "k").as_uri()
     assert read_bytes(progress_uri(prefix)) is None, "removed when the Job ended"

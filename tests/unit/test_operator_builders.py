@@ -674,3 +674,14 @@ def test_a_running_target_says_what_its_job_is_doing() -> None:
     assert with_progress(running.model_copy(), None, now).message == running.message
     stuck, _ = from_job(rt, _job(None), [_waiting_pod(None, phase="Pending")], None)
     assert with_progress(stuck, told, now).message == "waiting for a node"
+
+
+def test_a_hold_up_is_told_once_not_at_each_kubelet_retry() -> None:
+    from kompile.operator.results import held_up_anew
+
+    assert held_up_anew(None, "Unschedulable") and held_up_anew(None, "ErrImagePull")
+    assert not held_up_anew("Unschedulable", "Unschedulable")
+    assert not held_up_anew("ErrImagePull", "ImagePullBackOff")
+    assert not held_up_anew("ImagePullBackOff", "ErrImagePull")
+    assert held_up_anew("Unschedulable", "ImagePullBackOff")
+    assert not held_up_anew(None, None) and not held_up_anew("Unschedulable", "AwaitingResult")
