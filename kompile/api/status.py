@@ -437,10 +437,10 @@ def progress_conditions(status: CompiledModelStatus, suspended: bool = False) ->
         message = (ready.message if ready else "") or ""
         conds = set_condition(conds, RECONCILING, "True", reason, message, generation)
         conds = set_condition(conds, STALLED, "False", reason, "", generation)
-    elif ready.status == "False":
-        conds = set_condition(conds, RECONCILING, "False", ready.reason, "", generation)
-        conds = set_condition(conds, STALLED, "True", ready.reason, ready.message or "", generation)
     else:
+        stalled = ready.status == "False"
+        flag: ConditionStatus = "True" if stalled else "False"
+        message = ready.message if stalled else ""
         conds = set_condition(conds, RECONCILING, "False", ready.reason, "", generation)
-        conds = set_condition(conds, STALLED, "False", ready.reason, "", generation)
+        conds = set_condition(conds, STALLED, flag, ready.reason, message, generation)
     status.conditions = conds

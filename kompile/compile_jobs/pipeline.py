@@ -46,6 +46,11 @@ class Reporter(Protocol):
     def finished(self, target: TargetStatus) -> None: ...
 
 
+def progress_line(target: str | None, message: str) -> str:
+    """One progress line as a Job's log (and its progress note) shows it."""
+    return f"[{target or 'pipeline'}] {message}"
+
+
 class LogReporter:
     """Plain progress lines (compile Jobs, --json runs)."""
 
@@ -53,7 +58,7 @@ class LogReporter:
         self.emit = emit
 
     def stage(self, target: str | None, message: str) -> None:
-        self.emit(f"[{target or 'pipeline'}] {message}")
+        self.emit(progress_line(target, message))
 
     def finished(self, target: TargetStatus) -> None:
         self.emit(f"[{target.name}] {target.phase}{': ' + (target.message or '') if target.message else ''}")
@@ -85,6 +90,7 @@ __all__ = [
     "PipelineOptions",
     "PipelineResult",
     "Reporter",
+    "progress_line",
     "run_pipeline",
 ]
 

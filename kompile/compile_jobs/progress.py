@@ -11,16 +11,11 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from kompile.api.job_contract import PROGRESS_EVERY_SECONDS, JobProgress
-from kompile.api.status import TargetStatus
+from kompile.api.status import TargetStatus, now_rfc3339
 from kompile.artifact_store import StoreError, delete, write_bytes
-from kompile.compile_jobs.pipeline import Reporter
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+from kompile.compile_jobs.pipeline import Reporter, progress_line
 
 
 class StoreProgress:
@@ -38,7 +33,7 @@ class StoreProgress:
         self.inner, self.uri, self.endpoint = inner, uri, endpoint
         self.every = PROGRESS_EVERY_SECONDS if every is None else every
         self._write = write or write_bytes
-        self.started = _now()
+        self.started = now_rfc3339()
         self._latest: str | None = None
         self._written: str | None = None
         self._wake = threading.Event()
@@ -49,7 +44,7 @@ class StoreProgress:
 
     def stage(self, target: str | None, message: str) -> None:
         self.inner.stage(target, message)
-        self._latest = f"[{target or 'pipeline'}] {message}"
+        self._latest = progress_line(target, message)
         self._wake.set()
 
     def finished(self, target: TargetStatus) -> None:
@@ -65,7 +60,7 @@ class StoreProgress:
             self._stop.wait(self.every)  # at most one write per interval; the latest line wins
 
     def _put(self, line: str) -> None:
-        doc = JobProgress(line=line[:1000], at=_now(), started=self.started)
+        doc = JobProgress(line=line[:1000], at=now_rfc3339(), started=self.started)
         try:
             self._write(self.uri, doc.dumps().encode(), self.endpoint)
             self._written = line

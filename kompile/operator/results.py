@@ -63,15 +63,19 @@ def _base(rt: ResolvedTarget, job_name: str, node: str | None) -> dict[str, Any]
 RESULT_WAIT_SECONDS = 600
 
 
-def _ended_seconds_ago(job: Mapping[str, Any], now: datetime) -> float | None:
-    stamp = (job.get("status") or {}).get("completionTime")
+def _seconds_since(stamp: str | None, now: datetime) -> float | None:
+    """Seconds from an RFC 3339 stamp to now; None when there is none or it does not parse."""
     if not stamp:
         return None
     try:
-        ended = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        then = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return (now - ended).total_seconds()
+    return (now - then).total_seconds()
+
+
+def _ended_seconds_ago(job: Mapping[str, Any], now: datetime) -> float | None:
+    return _seconds_since((job.get("status") or {}).get("completionTime"), now)
 
 
 def from_job(
@@ -157,20 +161,12 @@ def with_progress(
     if progress is None or ts.phase != "Running" or ts.reason is not None:
         return ts
     now = now or datetime.now(UTC)
-    ago = _seconds_between(progress.at, now)
-    ran = _seconds_between(progress.started, now)
-    when = f"{ago:.0f} s ago" if ago is not None else "at an unknown time"
+    ago = _seconds_since(progress.at, now)
+    ran = _seconds_since(progress.started, now)
+    when = f"{max(ago, 0.0):.0f} s ago" if ago is not None else "at an unknown time"
     since = f" for {ran / 60:.0f} min" if ran is not None and ran >= 60 else ""
     ts.message = f"compile Job running{since}: {progress.line} ({when})"
     return ts
-
-
-def _seconds_between(stamp: str, now: datetime) -> float | None:
-    try:
-        then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return max((now - then).total_seconds(), 0.0)
 
 
 # Container waiting reasons that do not clear by themselves: the kubelet retries, and the Job waits
