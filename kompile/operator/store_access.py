@@ -16,6 +16,7 @@ from kompile.api.job_contract import RESULT_FILE, JobProgress, JobResult
 from kompile.api.resource import CompiledModel
 from kompile.artifact_store import (
     StoreError,
+    delete,
     file_sizes,
     folder_version,
     is_s3,
@@ -166,6 +167,16 @@ def read_progress(prefix: str, store: StoreAccess) -> JobProgress | None:
         return JobProgress.loads(data) if data else None
     except (StoreUnavailable, ValueError):
         return None
+
+
+def forget_progress(prefix: str, store: StoreAccess) -> None:
+    """Remove the ended Job's progress note: a Job killed outright (OOM, a drain past its grace)
+    never removes its own. Best effort: a note left behind is a few hundred bytes, not a failure."""
+    uri = progress_uri(prefix)
+    try:
+        store_call(uri, store, lambda: delete(uri, store.endpoint, store.credentials))
+    except StoreUnavailable as err:
+        log.warning("progress note %s stays: %s", uri, err)
 
 
 def entry_complete(prefix: str, result: JobResult, store: StoreAccess) -> bool:

@@ -26,6 +26,7 @@ from kompile.operator.store_access import (
     StoreAccess,
     StoreUnavailable,
     entry_complete,
+    forget_progress,
     read_progress,
     read_stored_result,
     source_fingerprint,
@@ -160,6 +161,7 @@ def _from_job(
             # Once as it starts (kubectl describe, alerts on Events), not at every look.
             event("Warning", ts.reason or "", f"target {rt.name}: {ts.message}")
         return ts
+    forget_progress(prefix, store)
     metrics.JOBS.labels(outcome=ts.phase).inc()
     if ts.compile_seconds is not None:
         metrics.COMPILE_SECONDS.observe(ts.compile_seconds)

@@ -23,7 +23,7 @@ from devtools.devcluster import ControlPlane
 from kompile.api.cache import progress_uri
 from kompile.api.candidates import backends_of
 from kompile.api.job_contract import JobProgress, JobSpec
-from kompile.artifact_store import write_bytes
+from kompile.artifact_store import read_bytes, write_bytes
 from tests.integration.fleet import (
     CLASSES,
     LOCAL_NODE,
@@ -36,6 +36,7 @@ from tests.integration.fleet import (
     wait_for,
 )
 from tests.integration.kubelet_standin import KubeletStandIn
+from tests.integration.kwok_stages import EXIT_CODE, MESSAGE
 from tests.support.kstatus import kstatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -385,6 +386,15 @@ def test_a_running_target_shows_what_its_job_last_told(fleet: dict[str, Any]) ->
 
         message = wait_for("progress in status", shown, timeout=120)
         assert message.startswith("compile Job running: " + line + " ("), message
+
+        # SIGKILLed (a node's OOM killer, a drain past its grace): the Job never removes its note,
+        # so the operator does once the Job has ended; the store keeps no stale progress.
+        (pod,) = fleet["core"].list_namespaced_pod(NS, label_selector=f"job-name={job.metadata.name}").items
+        killed = {"metadata": {"annotations": {EXIT_CODE: "137", MESSAGE: ""}}}
+        fleet["core"].patch_namespaced_pod(pod.metadata.name, NS, killed)
+        failed = wait_for("held target failed", lambda: (ready(fleet, HELD) or {}).get("status"), timeout=120)
+        assert failed["targets"][0]["phase"] == "Failed", failed["targets"]
+        assert read_bytes(progress_uri(prefix)) is None
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, HELD)
 
