@@ -28,6 +28,31 @@ class StoreError(RuntimeError):
     """The store could not be read or written; the message names the URI (never credentials)."""
 
 
+class StoreDenied(StoreError):
+    """The store answered and said no to this caller: its keys, or a bucket that is not there.
+    Not an outage: waiting does not help, fixing the credentials or the URI does."""
+
+
+# S3 error codes that blame the request's credentials or bucket, not the endpoint's health (a HEAD
+# has no body: its 403 comes as the bare status). botocore's own "no keys at all" errors join them.
+DENIED_CODES = frozenset(
+    {
+        "403",
+        "AccessDenied",
+        "AllAccessDisabled",
+        "AuthorizationHeaderMalformed",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidBucketName",
+        "InvalidToken",
+        "NoSuchBucket",
+        "SignatureDoesNotMatch",
+        "TokenRefreshRequired",
+    }
+)
+DENIED_BOTOCORE = ("NoCredentialsError", "PartialCredentialsError")
+
+
 def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
 
@@ -84,7 +109,9 @@ def _s3_error(action: str, uri: str, err: Exception) -> StoreError:
     from botocore.exceptions import ClientError
 
     code = err.response.get("Error", {}).get("Code") if isinstance(err, ClientError) else None
-    return StoreError(f"{action} {uri} failed: {code or type(err).__name__}")
+    told = str(code or type(err).__name__)
+    kind = StoreDenied if told in DENIED_CODES or told in DENIED_BOTOCORE else StoreError
+    return kind(f"{action} {uri} failed: {told}")
 
 
 def is_s3(uri: str) -> bool:

@@ -43,6 +43,7 @@ from kompile.operator.serve import reconcile_rollouts
 from kompile.operator.settings import Settings
 from kompile.operator.store_access import (
     STORE_REACHABLE,
+    STORE_REFUSED,
     STORE_UNAVAILABLE,
     EventFn,
     StoreAccess,
@@ -294,7 +295,7 @@ def _store_reachable(
 ) -> None:
     """StoreReachable=False (and Ready's reason) while a target or a class's `latest` pointer waits
     on the artifact store; True again once none does. One Warning per outage, not one per reconcile."""
-    waiting = [t for t in status.targets if t.reason == STORE_UNAVAILABLE]
+    waiting = [t for t in status.targets if t.reason in (STORE_UNAVAILABLE, STORE_REFUSED)]
     before = next((c for c in status.conditions if c.type == STORE_REACHABLE), None)
     if not waiting and pointer_error is None:
         if before is not None:
@@ -302,18 +303,17 @@ def _store_reachable(
                 status.conditions, STORE_REACHABLE, "True", "Reachable", "", generation
             )
         return
+    reason = (waiting[0].reason if waiting else None) or STORE_UNAVAILABLE
     if waiting:
         message = f"{len(waiting)} target(s) wait on the artifact store: {waiting[0].message}"
     else:
         message = f"the latest pointers wait on the artifact store: {pointer_error}"
     status.conditions = set_condition(
-        status.conditions, STORE_REACHABLE, "False", STORE_UNAVAILABLE, message[:1000], generation
+        status.conditions, STORE_REACHABLE, "False", reason, message[:1000], generation
     )
-    status.conditions = set_condition(
-        status.conditions, "Ready", "False", STORE_UNAVAILABLE, message[:1000], generation
-    )
-    if before is None or before.status != "False":
-        event("Warning", STORE_UNAVAILABLE, message)
+    status.conditions = set_condition(status.conditions, "Ready", "False", reason, message[:1000], generation)
+    if before is None or before.status != "False" or before.reason != reason:
+        event("Warning", reason, message)
 
 
 def _write_latest(

@@ -15,6 +15,7 @@ from kompile.api.cache import progress_uri
 from kompile.api.job_contract import RESULT_FILE, JobProgress, JobResult
 from kompile.api.resource import CompiledModel
 from kompile.artifact_store import (
+    StoreDenied,
     StoreError,
     delete,
     file_sizes,
@@ -48,6 +49,14 @@ T = TypeVar("T")
 
 class StoreUnavailable(RuntimeError):
     """The artifact store cannot be read now: no cache key can be computed, so nothing is launched."""
+
+
+STORE_REFUSED = "StoreRefused"
+
+
+class StoreRefused(StoreUnavailable):
+    """The store answered no to this CompiledModel's credentials or bucket, or its Secret cannot be
+    read: its own problem, told with what to fix; the endpoint's breaker stays closed for the rest."""
 
 
 def source_fingerprint(cm: CompiledModel, store: StoreAccess | None = None, image: str | None = None) -> str:
@@ -97,6 +106,16 @@ class StoreAccess:
 
     endpoint: str | None
     credentials: Mapping[str, str] | None
+    keys_from: str = "the operator's own credentials"
+    """Where the keys come from, for the message when the store refuses them."""
+    refused: str | None = None
+    """Why no store call is made at all (its Secret cannot be read), or None."""
+
+
+def _denied_fix(error: str, store: StoreAccess) -> str:
+    if "NoSuchBucket" in error or "InvalidBucketName" in error:
+        return "no such bucket: check the bucket in spec.registry.artifactStore (or spec.source.uri)"
+    return f"the store does not accept the keys of {store.keys_from}: correct them there"
 
 
 def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: EventFn) -> StoreAccess:
@@ -116,17 +135,33 @@ def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: Event
     fallback = None if own_store else NO_KEYS
     if not secret:
         return StoreAccess(endpoint, fallback)
+    namespace = cm.metadata.namespace or "default"
+    named = (
+        f"Secret {secret!r} (spec.registry.credentialsSecret)"
+        if registry and registry.credentials_secret
+        else f"Secret {secret!r} (the operator's KOMPILE_STORE_SECRET)"
+    )
     try:
-        return StoreAccess(endpoint, kube.secret_data(cm.metadata.namespace or "default", secret))
+        return StoreAccess(endpoint, kube.secret_data(namespace, secret), keys_from=named)
     except ApiException as err:
         event("Warning", "CredentialsUnavailable", f"Secret {secret}: {err.status} {err.reason}")
-        return StoreAccess(endpoint, fallback)
+        # No store call and no Job (its pod could not start without the Secret) until it is there.
+        if err.status == 404:
+            why = (
+                f"{named} is not in namespace {namespace}: "
+                "create it with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        else:
+            why = f"{named} cannot be read ({err.status} {err.reason})"
+        return StoreAccess(endpoint, fallback, keys_from=named, refused=why)
 
 
 def store_call(uri: str, store: StoreAccess, call: Callable[[], T]) -> T:
     """One artifact-store call about uri, through the store endpoint's breaker: StoreUnavailable
     when it fails, and at once while the endpoint backs off after a failure (no worker waits
     out a timeout per CompiledModel)."""
+    if store.refused:
+        raise StoreRefused(store.refused)
     if not is_s3(uri):
         try:
             return call()
@@ -138,6 +173,10 @@ def store_call(uri: str, store: StoreAccess, call: Callable[[], T]) -> T:
         raise StoreUnavailable(f"{wait[1]}; next attempt in {wait[0]:.0f} s")
     try:
         out = call()
+    except StoreDenied as err:
+        # It answered: up for every other tenant. Only this one's keys or bucket are wrong.
+        BREAKER.succeeded(endpoint)
+        raise StoreRefused(f"artifact store {endpoint}: {err}: {_denied_fix(str(err), store)}") from err
     except StoreError as err:
         delay = BREAKER.failed(endpoint, f"artifact store {endpoint}: {err}")
         raise StoreUnavailable(f"artifact store {endpoint}: {err}; next attempt in {delay:.0f} s") from err

@@ -21,9 +21,11 @@ from kompile.operator.kube import Kube, api_message
 from kompile.operator.results import from_job, held_up_anew, with_progress
 from kompile.operator.settings import Settings
 from kompile.operator.store_access import (
+    STORE_REFUSED,
     STORE_UNAVAILABLE,
     EventFn,
     StoreAccess,
+    StoreRefused,
     StoreUnavailable,
     entry_complete,
     forget_progress,
@@ -95,7 +97,8 @@ def target_status(
 
 
 def _store_unavailable(rt: ResolvedTarget, key: str, err: StoreUnavailable) -> TargetStatus:
-    return _status(rt, key, phase="Pending", reason=STORE_UNAVAILABLE, message=f"{err}; retrying")
+    reason = STORE_REFUSED if isinstance(err, StoreRefused) else STORE_UNAVAILABLE
+    return _status(rt, key, phase="Pending", reason=reason, message=f"{err}; retrying")
 
 
 def _status(rt: ResolvedTarget, key: str | None, **fields: Any) -> TargetStatus:

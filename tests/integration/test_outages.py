@@ -10,6 +10,7 @@ recovery the generation is recorded once: one parent run, one version per target
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -179,3 +180,72 @@ def test_store_and_registry_outages_show_in_status_and_recover_once(outage: dict
 def test_two_minute_outages(outage: dict[str, Any]) -> None:
     """The issue's full case: each service out for two minutes."""
     _run_outage(outage, "outage-long", seconds=120)
+
+
+def test_refused_credentials_hold_up_only_their_own_model(outage: dict[str, Any]) -> None:
+    """Wrong keys in a tenant's Secret, a Secret not created yet, a bucket that is not there: the
+    real S3 server answers, so it is that CompiledModel's problem, not the store's. Its status names
+    what to fix (StoreRefused), no Job starts, and a model of another tenant on the same endpoint
+    compiles meanwhile without waiting out a backoff; once the Secret is right the first goes on."""
+    core, s3p = outage["core"], outage["s3_proxy"]
+    creds = core.read_namespaced_secret("s3-creds", NS).data
+
+    def registry(secret: str, bucket: str = BUCKET) -> dict[str, Any]:
+        return {
+            "artifactStore": f"s3://{bucket}/store",
+            "s3Endpoint": s3p.url,
+            "credentialsSecret": {"name": secret},
+        }
+
+    def create(name: str, reg: dict[str, Any]) -> None:
+        outage["custom"].create_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, small_cnn_manifest(name, targets=TARGETS, registry=reg)
+        )
+
+    def refused(name: str) -> str | None:
+        ready = _condition(outage, name, "Ready")
+        return ready.get("message") if ready.get("reason") == "StoreRefused" else None
+
+    wrong = {**creds, "AWS_SECRET_ACCESS_KEY": base64.b64encode(b"not-the-key").decode()}
+    core.create_namespaced_secret(NS, {"metadata": {"name": "wrong-keys"}, "data": wrong})
+    create("wrong-keys", registry("wrong-keys"))
+    create("no-secret", registry("s3-creds-later"))
+    create("no-bucket", registry("s3-creds", bucket="kompile-no-such-bucket"))
+    told = {
+        n: wait_for(f"{n} refused", lambda n=n: refused(n), timeout=STATUS_WITHIN)
+        for n in ("wrong-keys", "no-secret", "no-bucket")
+    }
+    assert "SignatureDoesNotMatch" in told["wrong-keys"] or "InvalidAccessKeyId" in told["wrong-keys"]
+    assert "Secret 'wrong-keys' (spec.registry.credentialsSecret)" in told["wrong-keys"], told
+    assert (
+        "Secret 's3-creds-later' (spec.registry.credentialsSecret) is not in namespace" in told["no-secret"]
+    )
+    assert "NoSuchBucket" in told["no-bucket"] and "spec.registry.artifactStore" in told["no-bucket"]
+    time.sleep(10)  # the refused models are looked at again and again (every 2 s) meanwhile
+
+    began = time.monotonic()
+    create("bystander", registry("s3-creds"))
+    wait_for(
+        "bystander ready",
+        lambda: _condition(outage, "bystander", "Ready").get("status") == "True",
+        timeout=120,
+    )
+    took = time.monotonic() - began
+    assert _warnings(outage, "bystander", "StoreUnavailable") == 0
+    for name in ("wrong-keys", "no-secret", "no-bucket"):
+        jobs = (
+            outage["batch"].list_namespaced_job(NS, label_selector=f"kompile.dev/compiledmodel={name}").items
+        )
+        assert not jobs, (name, [j.metadata.name for j in jobs])
+
+    # Fixed where the message said: the Secret's keys, the missing Secret created.
+    core.patch_namespaced_secret("wrong-keys", NS, {"data": creds})
+    core.create_namespaced_secret(NS, {"metadata": {"name": "s3-creds-later"}, "data": creds})
+    for name in ("wrong-keys", "no-secret"):
+        wait_for(
+            f"{name} ready",
+            lambda n=name: _condition(outage, n, "Ready").get("status") == "True",
+            timeout=180,
+        )
+    assert refused("no-bucket")
+    print(f"\nbystander Ready {took:.1f} s after create, beside three refused models")

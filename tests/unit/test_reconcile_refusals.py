@@ -145,6 +145,86 @@ def test_an_unreadable_cache_launches_nothing_and_backs_off(monkeypatch: pytest.
     assert first.cache_key == again.cache_key  # an outage never changes a key
 
 
+def test_refused_keys_name_their_secret_and_leave_the_endpoint_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that answers "not these keys" (or "no such bucket") is up: the CompiledModel says
+    which Secret or bucket to fix (StoreRefused) and launches nothing, and the endpoint's breaker
+    stays closed, so another tenant's model on the same store is not made to wait out a backoff.
+    The store is a stand-in that refuses the way botocore reports it."""
+    from botocore.exceptions import ClientError
+
+    from kompile.api.resource import parse_manifest
+    from kompile.artifact_store import _s3_error
+    from kompile.operator import store_access as rec
+    from kompile.operator.outages import Breaker
+    from kompile.operator.target_step import target_status
+    from kompile.operator.targets import resolve_targets
+
+    calls: list[str] = []
+    code = ["InvalidAccessKeyId"]
+
+    def refused(uri: str, *_: Any) -> bytes:
+        calls.append(uri)
+        raise _s3_error("read of", uri, ClientError({"Error": {"Code": code[0]}}, "GetObject"))
+
+    breaker = Breaker(first=60.0)
+    monkeypatch.setattr(rec, "read_bytes", refused)
+    monkeypatch.setattr(rec, "BREAKER", breaker)
+    cm = parse_manifest(_doc({}))
+    (rt,) = resolve_targets(cm.spec, [])
+    settings = Settings(artifact_store="s3://cache/root", s3_endpoint="http://s3.internal:9000")
+    keys = {"AWS_ACCESS_KEY_ID": "wrong", "AWS_SECRET_ACCESS_KEY": "wrong"}
+    store = rec.StoreAccess(
+        "http://s3.internal:9000", keys, keys_from="Secret 'team-b-s3' (spec.registry.credentialsSecret)"
+    )
+
+    def look() -> Any:
+        return target_status(cm, rt, None, None, StatusOnlyKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
+
+    first = look()
+    assert (first.phase, first.reason, first.job) == ("Pending", "StoreRefused", None), first
+    assert "InvalidAccessKeyId" in (first.message or "") and "'team-b-s3'" in (first.message or "")
+    assert breaker.wait("http://s3.internal:9000") is None  # open to every other caller
+    code[0] = "NoSuchBucket"
+    again = look()
+    assert again.reason == "StoreRefused" and "check the bucket in spec.registry.artifactStore" in (
+        again.message or ""
+    )
+    assert len(calls) == 2  # not held back by a backoff: the fix is seen at the next look
+
+
+def test_a_missing_secret_is_told_before_any_store_call_or_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Secret spec.registry.credentialsSecret names is not there (yet: GitOps may sync it after
+    the CompiledModel): no store call with empty keys and no Job whose pod could not start; the
+    target says which Secret to create, in which namespace."""
+    from kubernetes.client.exceptions import ApiException
+
+    from kompile.api.resource import parse_manifest
+    from kompile.operator import store_access as rec
+    from kompile.operator.target_step import target_status
+    from kompile.operator.targets import resolve_targets
+
+    def never(uri: str, *_: Any) -> bytes:
+        raise AssertionError(f"store called for {uri}")
+
+    class NoSecretKube(StatusOnlyKube):
+        def secret_data(self, namespace: str, name: str) -> dict[str, str]:
+            raise ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(rec, "read_bytes", never)
+    monkeypatch.setattr(rec, "object_version", never)
+    doc = _doc({})
+    doc["spec"]["registry"] = {"artifactStore": "s3://b/k", "credentialsSecret": {"name": "team-s3"}}
+    cm = parse_manifest(doc)
+    (rt,) = resolve_targets(cm.spec, [])
+    settings = Settings(artifact_store="s3://cache/root", s3_endpoint="http://s3.internal:9000")
+    events: list[tuple[str, str, str]] = []
+    store = rec.store_access(cm, NoSecretKube(), settings, lambda *e: events.append(e))  # type: ignore[arg-type]
+    ts = target_status(cm, rt, None, None, NoSecretKube(), settings, store, lambda *e: None)  # type: ignore[arg-type]
+    assert (ts.phase, ts.reason, ts.job) == ("Pending", "StoreRefused", None), ts
+    assert "Secret 'team-s3' (spec.registry.credentialsSecret) is not in namespace" in (ts.message or "")
+    assert [e[1] for e in events] == ["CredentialsUnavailable"]
+
+
 def test_the_breaker_doubles_its_backoff_and_lets_one_caller_probe() -> None:
     from kompile.operator.outages import Breaker
 
