@@ -11,8 +11,9 @@ from collections.abc import Callable
 from kompile.api.resource import CompiledModel
 from kompile.api.status import READY, CompiledModelStatus, TargetStatus, set_condition
 from kompile.operator.crashpoints import crash_point
-from kompile.operator.outages import BREAKER, is_outage
+from kompile.operator.outages import BREAKER, Breaker, is_outage
 from kompile.operator.settings import Settings
+from kompile.operator.tenancy import host_of
 
 log = logging.getLogger("kompile.operator")
 
@@ -48,7 +49,7 @@ def register_generation(
     if status.registry is not None and status.registry.run_id:
         _register_late(cm, status, settings, event, uri)
         return
-    if _waiting(uri, status, event):
+    if _waiting(uri, cm, status, event):
         return
     from mlflow.exceptions import MlflowException
 
@@ -63,10 +64,10 @@ def register_generation(
     except (MlflowException, OSError) as err:
         # Retried after a backoff: status.registry stays empty until it succeeds, and the tags
         # written so far let the retry find what this attempt made (kompile.registry.record).
-        _failed(uri, status, err, event)
+        _failed(uri, cm, status, err, event)
         return
     crash_point("after-registration")  # MLflow has it, status does not yet
-    BREAKER.succeeded(uri)
+    _answered(uri, cm)
     versions = _versions(status.targets) or "no version"
     event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {versions}")
 
@@ -93,7 +94,7 @@ def _register_late(
     cm: CompiledModel, status: CompiledModelStatus, settings: Settings, event: EventFn, uri: str
 ) -> None:
     late = [t for t in status.targets if t.artifact is not None and not t.registered_version]
-    if not late or status.registry is None or _waiting(uri, status, event):
+    if not late or status.registry is None or _waiting(uri, cm, status, event):
         return
     from mlflow.exceptions import MlflowException
 
@@ -102,27 +103,52 @@ def _register_late(
     try:
         record_late(cm, status, [TargetRecord(t, None, _params(t, settings)) for t in late], status.registry)
     except (MlflowException, OSError) as err:
-        _failed(uri, status, err, event)
+        _failed(uri, cm, status, err, event)
         return
-    BREAKER.succeeded(uri)
+    _answered(uri, cm)
     event("Normal", "Registered", f"MLflow model {status.registry.model_name}: {_versions(late)}")
 
 
-def _waiting(uri: str, status: CompiledModelStatus, event: EventFn) -> bool:
-    """True (and Registered=False says why) while MLflow at uri is in its backoff after a failure."""
+REFUSED = Breaker()
+"""Per CompiledModel at an MLflow (keyed by _own_key): its backoff after MLflow refused its request.
+A refusal is an answer about that model only; BREAKER, per endpoint, is for outages."""
+
+
+def _own_key(uri: str, cm: CompiledModel) -> str:
+    who = cm.metadata.uid or f"{cm.metadata.namespace}/{cm.metadata.name}"
+    return f"{who}@{host_of(uri) or uri}"  # no scheme: not read as a URL by the breaker
+
+
+def _waiting(uri: str, cm: CompiledModel, status: CompiledModelStatus, event: EventFn) -> bool:
+    """True (and Registered=False says why) while MLflow at uri is in its backoff after an outage,
+    or this CompiledModel in its own after MLflow refused it."""
     wait = BREAKER.wait(uri)
+    reason = "RegistryUnavailable"
+    if wait is None:
+        wait, reason = REFUSED.wait(_own_key(uri, cm)), "RegistryFailed"
     if wait is None:
         return False
     seconds, why = wait
-    _set_unregistered(status, "RegistryUnavailable", f"{why}; next attempt in {seconds:.0f} s", event)
+    _set_unregistered(status, reason, f"{why}; next attempt in {seconds:.0f} s", event)
     return True
 
 
-def _failed(uri: str, status: CompiledModelStatus, err: BaseException, event: EventFn) -> None:
+def _failed(
+    uri: str, cm: CompiledModel, status: CompiledModelStatus, err: BaseException, event: EventFn
+) -> None:
     why = f"MLflow at {uri}: {type(err).__name__}: {str(err)[:300]}"
-    delay = BREAKER.failed(uri, why)
-    reason = "RegistryUnavailable" if is_outage(err) else "RegistryFailed"
-    _set_unregistered(status, reason, f"{why}; next attempt in {delay:.0f} s", event)
+    if is_outage(err):
+        delay = BREAKER.failed(uri, why)
+        _set_unregistered(status, "RegistryUnavailable", f"{why}; next attempt in {delay:.0f} s", event)
+        return
+    BREAKER.succeeded(uri)  # it answered: up for every other CompiledModel
+    delay = REFUSED.failed(_own_key(uri, cm), why)
+    _set_unregistered(status, "RegistryFailed", f"{why}; next attempt in {delay:.0f} s", event)
+
+
+def _answered(uri: str, cm: CompiledModel) -> None:
+    BREAKER.succeeded(uri)
+    REFUSED.succeeded(_own_key(uri, cm))
 
 
 def _set_unregistered(status: CompiledModelStatus, reason: str, message: str, event: EventFn) -> None:
@@ -191,7 +217,7 @@ def move_alias(
     from kompile.registry import set_alias
 
     pending = [p for p in registry.pending_aliases if p.startswith(f"{hardware_class}:")]
-    if _waiting(uri, status, event):
+    if _waiting(uri, cm, status, event):
         # MLflow is in its backoff: the move waits in pendingAliases with the reason for it.
         registry.pending_aliases = [p for p in registry.pending_aliases if p not in pending]
         registry.pending_aliases.append(f"{hardware_class}: version {version} (MLflow unavailable)")
@@ -204,9 +230,9 @@ def move_alias(
         registry.pending_aliases.append(f"{hardware_class}: version {version} ({why})")
         if not pending:  # one Event per failed move, however many retries it takes
             event("Warning", "AliasFailed", f"alias {hardware_class}: {why}; retrying after a backoff")
-        _failed(uri, status, err, lambda *_: None)
+        _failed(uri, cm, status, err, lambda *_: None)
         return False
-    BREAKER.succeeded(uri)
+    _answered(uri, cm)
     registry.aliases[hardware_class] = version
     event(
         "Normal",

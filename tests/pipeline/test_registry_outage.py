@@ -6,6 +6,7 @@ recorded once. Real MLflow server behind a TCP proxy that refuses or blackholes 
 from __future__ import annotations
 
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -108,3 +109,47 @@ def test_an_mlflow_outage_is_bounded_shown_and_recovered_once(
     exp = client.get_experiment_by_name("kompile/team-o/small")
     parents = client.search_runs([exp.experiment_id], filter_string="tags.`kompile.run` = 'generation'")
     assert len(parents) == 1
+
+
+def test_a_refused_registration_backs_off_only_its_own_model(
+    mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow refusing one CompiledModel's record (403 where an MLflow with auth keeps that model
+    from the operator's account) is an answer, not an outage: that model waits out a backoff of its
+    own, and another model's registration at the same MLflow goes ahead at once. The refusal is
+    stood in for at the record() edge; the other model registers with the real server."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
+
+    from kompile import registry
+
+    monkeypatch.setattr(lineage, "BREAKER", Breaker(first=60.0))
+    monkeypatch.setattr(lineage, "REFUSED", Breaker(first=60.0))
+    real_record, calls = registry.record, []
+
+    def record(cm, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(cm.metadata.name)
+        if cm.metadata.uid == "uid-refused":
+            raise MlflowException("no permission on model 'refused-small'", error_code=PERMISSION_DENIED)
+        return real_record(cm, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "record", record)
+    settings = Settings(call_timeout_seconds=TIMEOUT)
+
+    def cm_for(name: str) -> Any:
+        doc = small_cnn_doc(
+            registry={"trackingUri": mlflow_server.tracking_uri, "modelName": f"{name}-small"}
+        )
+        doc["metadata"] |= {"name": name, "namespace": "team-r", "uid": f"uid-{name}", "generation": 1}
+        return parse_manifest(doc)
+
+    refused, other = cm_for("refused"), cm_for("other")
+    refused_status, other_status = _settled(), _settled()
+    lineage.register_generation(refused, refused_status, settings, lambda *e: None)
+    assert _registered(refused_status) == ("False", "RegistryFailed")
+    lineage.register_generation(other, other_status, settings, lambda *e: None)
+    assert other_status.registry is not None and other_status.registry.run_id, other_status.conditions
+    lineage.register_generation(refused, refused_status, settings, lambda *e: None)
+    message = next(c.message for c in refused_status.conditions if c.type == lineage.REGISTERED)
+    assert _registered(refused_status) == ("False", "RegistryFailed") and "next attempt in" in (message or "")
+    assert calls == ["refused", "other"]  # the refused model waited out its own backoff
