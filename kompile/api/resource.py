@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from kompile.api.base import ApiModel
 from kompile.api.spec import CompiledModelSpec
@@ -27,7 +27,11 @@ class ObjectMeta(ApiModel):
 
     model_config = ApiModel.model_config | {"extra": "allow"}
 
-    name: str = Field(description="Name of the CompiledModel.", max_length=63, pattern=DNS_LABEL_PATTERN)
+    name: str = Field(
+        description="Name of the CompiledModel: a DNS label (lower-case letters, digits and '-').",
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+    )
     namespace: str | None = Field(default=None, description="Namespace.")
     uid: str | None = Field(default=None, description="UID assigned by the API server.")
     generation: int | None = Field(default=None, description="Generation of the spec.")
@@ -78,6 +82,28 @@ def _mapping_hint(loc: tuple[int | str, ...], value: Any) -> str:
     return msg + " (docs/reference.md lists its fields)"
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (through Optional, list, dict and Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _description_at(loc: tuple[int | str, ...]) -> str | None:
+    """The description of the field at loc (a validation error's location), for a hint that says
+    what the field holds where pydantic only prints the pattern it failed."""
+    models: list[type[BaseModel]] = [CompiledModel]
+    description = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        found = [f for m in models for name, f in m.model_fields.items() if part in (name, f.alias)]
+        if not found:  # a dict's key: the same models hold its value
+            continue
+        description, models = found[0].description, _models_in(found[0].annotation)
+    return description
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid CompiledModel manifest:"]
     for e in err.errors():
@@ -90,6 +116,11 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             msg = _quote_hint(loc, e["input"])
         elif e["type"] in ("model_type", "dict_type"):
             msg = _mapping_hint(loc, e.get("input"))
+        elif e["type"] == "string_pattern_mismatch":
+            about = _description_at(loc)
+            pattern = (e.get("ctx") or {}).get("pattern")
+            said = f": {about}" if about else ""
+            msg = f"{e.get('input')!r} is not allowed here{said} (pattern {pattern})"
         lines.append(f"  - {_field_path(loc) or '(document)'}: {msg}")
     return "\n".join(lines)
 

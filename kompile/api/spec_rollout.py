@@ -26,7 +26,13 @@ class Registry(ApiModel):
     model_name: str | None = Field(
         default=None,
         max_length=256,
-        description="Registered model name; default: the CompiledModel's name.",
+        # MLflow refuses '/' and ':' (only at registration, after every compile); the name is also
+        # a path segment of the store's latest/<namespace>/<modelName>/: no '\\', '.' or '..'.
+        pattern=r"^[^/:\\]*[^/:\\.][^/:\\]*$",
+        description=(
+            "Registered model name, also the folder of the artifact store's latest/ pointers: no '/', "
+            "':' or '\\', not only dots; default: the CompiledModel's name."
+        ),
     )
     artifact_store: str | None = Field(
         default=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -144,6 +145,34 @@ def test_an_unquoted_option_value_is_refused_saying_to_quote_it(
     message = str(info.value)
     assert "- spec.targets[0].options." in message and "option values are strings" in message, message
     assert hint in message, message
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "says"),
+    [
+        (("spec", "registry", "modelName"), "team-b/bert", "no '/', ':' or '\\'"),
+        (("spec", "registry", "modelName"), "..", "not only dots"),
+        (("metadata", "name"), "ResNet_50", "a DNS label"),
+        (("spec", "targets", 0, "name"), "CPU_FP32", "a DNS label"),
+    ],
+)
+def test_a_value_off_its_pattern_is_refused_saying_what_the_field_takes(
+    where: tuple[str | int, ...], value: str, says: str
+) -> None:
+    """pydantic alone prints the regular expression ("String should match pattern '^[^/:\\\\]*...'"):
+    the error quotes the value and the field's description instead. A model name with '/' used to
+    pass, compile every target, and be refused by MLflow at registration; '..' wrote the store's
+    latest/ pointer into another namespace's folder."""
+    doc = minimal()
+    doc["spec"]["registry"] = {}
+    at: Any = doc
+    for part in where[:-1]:
+        at = at[part]
+    at[where[-1]] = value
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(doc)
+    message = str(info.value)
+    assert f"{value!r} is not allowed here" in message and says in message, message
 
 
 def test_wrong_kind_is_refused() -> None:
