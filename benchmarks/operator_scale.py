@@ -6,7 +6,9 @@ API server's audit log can tell its requests from everyone else's). No compile r
 pod is completed by a TEST STAND-IN (tests.integration.fleet.KwokReporter) that publishes a plausible
 validated result. Then N CompiledModels in fleet mode (5 targets each) are applied at once.
 
-Reports: time from the first apply to all 5N Jobs created and to all N Ready; per target, the time
+Reports: time from the first apply to all 5N Jobs created and to all N Ready (with --bystander,
+how long one CompiledModel of another namespace, applied right after the N, waits for its first
+Job and for Ready); per target, the time
 from its Job's end (completionTime, whole seconds) to the status showing it settled (p50/p99); once
 all are settled, the operator's API requests per CompiledModel per second over a quiet window (from
 the audit log, only the operator's identity), with the API server's apiserver_request_total delta of
@@ -198,7 +200,32 @@ def _wait(what: str, check: Any, timeout: float, interval: float = 1.0) -> float
     return time.monotonic() - began
 
 
-def run(crs: int, nodes: int, quiet: float, timeout: float, work: Path) -> dict[str, Any]:
+NS_B = "kompile-scale-b"
+"""The bystander tenant (--bystander): one CompiledModel applied right after the N of NS."""
+
+
+def _bystander(custom: client.CustomObjectsApi, batch: client.BatchV1Api, timeout: float) -> dict[str, float]:
+    """Apply one CompiledModel in NS_B; seconds from its apply to its first Job and to Ready. With
+    namespaces taking turns in the work queue it waits for a few first looks, not for the N."""
+    doc = small_cnn_manifest("bystander", NS_B, fleet={"enabled": True, "precisions": ["fp32"]})
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS_B, PLURAL, doc)
+
+    def first_job() -> bool:
+        return bool(batch.list_namespaced_job(NS_B, _request_timeout=60).items)
+
+    def ready() -> bool:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, NS_B, PLURAL, "bystander")
+        conds = (obj.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+    job_s = _wait("the bystander's first Job", first_job, timeout, interval=0.2)
+    ready_s = _wait("the bystander Ready", ready, timeout, interval=0.2) + job_s
+    return {"first_job_s": round(job_s, 1), "ready_s": round(ready_s, 1), "applied_after_s": 0.0}
+
+
+def run(
+    crs: int, nodes: int, quiet: float, timeout: float, work: Path, bystander: bool = False
+) -> dict[str, Any]:
     bin_dir = find_bin_dir()
     policy = work / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY)
@@ -216,6 +243,7 @@ def run(crs: int, nodes: int, quiet: float, timeout: float, work: Path) -> dict[
     )
     plane.start()
     reporter: KwokReporter | None = None
+    reporter_b: KwokReporter | None = None
     op: OperatorProcess | None = None
     watcher: SettleWatch | None = None
     try:
@@ -227,8 +255,13 @@ def run(crs: int, nodes: int, quiet: float, timeout: float, work: Path) -> dict[
         core.create_namespace({"metadata": {"name": NS}})
         kubeconfig = _sa_kubeconfig(plane, work / "operator.kubeconfig")
         reporter = KwokReporter(plane.kubeconfig, NS, succeed_and_publish).start()
+        watching = NS
+        if bystander:
+            core.create_namespace({"metadata": {"name": NS_B}})
+            reporter_b = KwokReporter(plane.kubeconfig, NS_B, succeed_and_publish).start()
+            watching = f"{NS},{NS_B}"
         watcher = SettleWatch(custom).start()
-        op = OperatorProcess(kubeconfig, NS, (work / "store").as_uri(), work / "operator.log")
+        op = OperatorProcess(kubeconfig, watching, (work / "store").as_uri(), work / "operator.log")
         op.env["KOMPILE_RESYNC_SECONDS"] = "10"  # the default; the tests' operator runs with 2
         op.start()
         assert op.proc is not None and op.proc._proc is not None
@@ -240,12 +273,17 @@ def run(crs: int, nodes: int, quiet: float, timeout: float, work: Path) -> dict[
             custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, doc)
         applied_s = time.monotonic() - began
         want = crs * len(CLASS_LABELS)
+        other = _bystander(custom, batch, timeout) if bystander else None
+        if other is not None:
+            other["applied_after_s"] = round(applied_s, 1)
 
         def job_count() -> int:
             return len(batch.list_namespaced_job(NS, _request_timeout=60).items)
 
-        jobs_s = _wait("all Jobs created", lambda: job_count() >= want, timeout) + applied_s
-        ready_s = _wait("all Ready", lambda: len(watcher.ready) >= crs, timeout) + jobs_s
+        _wait("all Jobs created", lambda: job_count() >= want, timeout)
+        jobs_s = time.monotonic() - began
+        _wait("all Ready", lambda: len(watcher.ready) >= crs, timeout)
+        ready_s = time.monotonic() - began
         settle_delays: list[float] = []
         slowest: list[tuple[float, str, str, str]] = []
         for job in batch.list_namespaced_job(NS, _request_timeout=60).items:
@@ -299,14 +337,16 @@ def run(crs: int, nodes: int, quiet: float, timeout: float, work: Path) -> dict[
                 "all_clients_requests_per_s": round((requests_after - requests_before) / window, 2),
             },
             "operator": stats,
+            **({"bystander": other} if other is not None else {}),
         }
     finally:
         if watcher is not None:
             watcher.stop()
         if op is not None:
             op.stop()
-        if reporter is not None:
-            reporter.stop()
+        for r in (reporter, reporter_b):
+            if r is not None:
+                r.stop()
         plane.stop()
 
 
@@ -336,10 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="for each phase")
     p.add_argument("--work-dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--bystander",
+        action="store_true",
+        help=f"one more CompiledModel in {NS_B}, applied right after the N: how long it waits",
+    )
     args = p.parse_args(argv)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kompile-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    doc = run(args.crs, args.nodes, args.quiet_seconds, args.timeout, work)
+    doc = run(args.crs, args.nodes, args.quiet_seconds, args.timeout, work, args.bystander)
     doc["machine"] = _machine()
     doc["command"] = " ".join(["python", "benchmarks/operator_scale.py", *(argv or sys.argv[1:])])
     emit_json(doc, args.out)

@@ -9,6 +9,8 @@ reconcile them.
 - An urgent add (a Job's outcome, which a user waits to see in status) goes ahead of the ordinary
   ones (first looks, requeues), so a backlog of new CompiledModels never delays a finished Job;
   taken_urgent(key) tells the worker, which then keeps that run short (the slow part is requeued).
+- Within each lane, groups (namespaces: a key's first element) take turns, first come first
+  within a group: one tenant's burst waits behind itself, not in front of every other tenant.
 """
 
 from __future__ import annotations
@@ -25,10 +27,66 @@ K = TypeVar("K", bound=Hashable)
 log = logging.getLogger("kompile.operator")
 
 
+def namespace_of(key: Hashable) -> Hashable:
+    """A key's group: the namespace of a (namespace, name) key; one group for any other key."""
+    return key[0] if isinstance(key, tuple) and key else None
+
+
+class FairLane(Generic[K]):
+    """A FIFO per group, the groups taken from in turn (round robin over those with keys)."""
+
+    def __init__(self, group: Callable[[K], Hashable]) -> None:
+        self._group = group
+        self._lanes: dict[Hashable, deque[K]] = {}
+        self._turns: deque[Hashable] = deque()  # the groups with keys, next one first
+        self._size = 0
+
+    def append(self, key: K) -> None:
+        g = self._group(key)
+        lane = self._lanes.get(g)
+        if lane is None:
+            lane = self._lanes[g] = deque()
+            self._turns.append(g)
+        lane.append(key)
+        self._size += 1
+
+    def popleft(self) -> K:
+        g = self._turns.popleft()
+        lane = self._lanes[g]
+        key = lane.popleft()
+        self._size -= 1
+        if lane:
+            self._turns.append(g)  # its next key waits for every other group's turn
+        else:
+            del self._lanes[g]
+        return key
+
+    def remove(self, key: K) -> None:
+        g = self._group(key)
+        lane = self._lanes[g]
+        lane.remove(key)
+        self._size -= 1
+        if not lane:
+            del self._lanes[g]
+            self._turns.remove(g)
+
+    def __contains__(self, key: object) -> bool:
+        lane = self._lanes.get(self._group(key))  # type: ignore[arg-type]
+        return lane is not None and key in lane
+
+    def __len__(self) -> int:
+        return self._size
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self, base_delay: float = 1.0, max_delay: float = 300.0) -> None:
-        self._queue: deque[K] = deque()
-        self._urgent: deque[K] = deque()  # taken before _queue
+    def __init__(
+        self,
+        base_delay: float = 1.0,
+        max_delay: float = 300.0,
+        group: Callable[[K], Hashable] = namespace_of,
+    ) -> None:
+        self._queue: FairLane[K] = FairLane(group)
+        self._urgent: FairLane[K] = FairLane(group)  # taken before _queue
         self._urgent_keys: set[K] = set()  # urgent adds not yet in _urgent (delayed, or in process)
         self._dirty: set[K] = set()  # waiting in _queue, or to be queued again after processing
         self._processing: set[K] = set()

@@ -141,3 +141,29 @@ def test_the_worker_knows_a_run_came_from_the_urgent_lane() -> None:
     assert not q.taken_urgent("job-ended")
     assert q.get() == "first-look" and not q.taken_urgent("first-look")
     assert q.get() == "job-ended" and not q.taken_urgent("job-ended")
+
+
+def test_namespaces_take_turns_so_one_tenants_burst_does_not_hold_another() -> None:
+    """A GitOps sync of 1,000 CompiledModels in one namespace queued ahead of everything else:
+    another namespace's model added after it waited for all of them (about 280 s of first looks at
+    1,000 on 2 cores). Keys are taken from the namespaces in turn, first come first within each."""
+    q: WorkQueue[tuple[str, str]] = WorkQueue()
+    for i in range(1000):
+        q.add(("team-a", f"m{i}"))
+    q.add(("team-b", "one"))
+    q.add(("team-b", "two"))
+    q.add(("team-a", "m0"))  # already waiting: still once
+    assert len(q) == 1002
+    taken = [q.get() for _ in range(5)]
+    assert taken == [
+        ("team-a", "m0"),
+        ("team-b", "one"),
+        ("team-a", "m1"),
+        ("team-b", "two"),
+        ("team-a", "m2"),
+    ]
+    q.discard(("team-a", "m3"))
+    q.add(("team-b", "three"), urgent=True)  # the urgent lane goes ahead of both, as before
+    assert q.get() == ("team-b", "three")
+    assert q.get() == ("team-a", "m4")
+    assert len(q) == 1002 - 5 - 1 - 1
