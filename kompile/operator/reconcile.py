@@ -229,7 +229,7 @@ def reconcile(
     if too_many:  # status could not hold them: every patch would be refused
         status.targets = []
         return _refuse(status, "TooManyTargets", too_many, doc, kube, tell)
-    store = store_access(cm, kube, settings, tell)
+    store = store_access(cm, kube, settings)
     pods = PodsOfJobs(kube, namespace, uid)
     targets: list[TargetStatus] = []
     for rt in resolved:

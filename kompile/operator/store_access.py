@@ -118,7 +118,7 @@ def _denied_fix(error: str, store: StoreAccess) -> str:
     return f"the store does not accept the keys of {store.keys_from}: correct them there"
 
 
-def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: EventFn) -> StoreAccess:
+def store_access(cm: CompiledModel, kube: Kube, settings: Settings) -> StoreAccess:
     """Endpoint from the spec or settings; credentials from the Secret the spec names, else the
     operator's own environment (boto3's default chain)."""
     registry = cm.spec.registry
@@ -144,8 +144,8 @@ def store_access(cm: CompiledModel, kube: Kube, settings: Settings, event: Event
     try:
         return StoreAccess(endpoint, kube.secret_data(namespace, secret), keys_from=named)
     except ApiException as err:
-        event("Warning", "CredentialsUnavailable", f"Secret {secret}: {err.status} {err.reason}")
         # No store call and no Job (its pod could not start without the Secret) until it is there.
+        # Told in status (StoreRefused) and in one Warning when that starts, not at every look.
         if err.status == 404:
             why = (
                 f"{named} is not in namespace {namespace}: "

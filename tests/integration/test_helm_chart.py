@@ -282,7 +282,7 @@ def test_operator_with_chart_credentials_reaches_ready(installed: dict[str, Any]
     assert target["node"] == LOCAL_NODE and target["validation"]["passed"], target
     events = plane.kubectl("get", "events", "-n", WATCH_NS, "-o", "json").stdout
     reasons = {e["reason"] for e in json.loads(events)["items"]}
-    assert "CredentialsUnavailable" not in reasons, reasons  # the granted Secret was readable
+    assert "StoreRefused" not in reasons, reasons  # the granted Secret was readable
     log = installed["log"].read_text()
     # Every call the operator made was allowed: a missing rule would be a 403 in its log.
     assert not refused_calls(log), log[-3000:]
@@ -455,7 +455,7 @@ def test_rollout_with_chart_credentials(
     events = plane.kubectl("get", "events", "-n", WATCH_NS, "-o", "json").stdout
     reasons = {e["reason"] for e in json.loads(events)["items"] if e["involvedObject"]["name"] == name}
     assert {"RolloutCreate", "RolloutUpdate", "RolloutPromote", "AliasMoved"} <= reasons, reasons
-    assert not reasons & {"CredentialsUnavailable", "RolloutFailed", "RegistryFailed"}, reasons
+    assert not reasons & {"StoreRefused", "RolloutFailed", "RegistryFailed"}, reasons
     log = installed["log"].read_text()
     assert not refused_calls(log), log[-3000:]
     # Asked now that KServe's CRD exists (kubectl cannot resolve the resource before): what it did

@@ -237,6 +237,7 @@ def test_refused_credentials_hold_up_only_their_own_model(outage: dict[str, Any]
             outage["batch"].list_namespaced_job(NS, label_selector=f"kompile.dev/compiledmodel={name}").items
         )
         assert not jobs, (name, [j.metadata.name for j in jobs])
+        assert _warnings(outage, name, "StoreRefused") == 1  # once, not at each of its looks
 
     # Fixed where the message said: the Secret's keys, the missing Secret created.
     core.patch_namespaced_secret("wrong-keys", NS, {"data": creds})

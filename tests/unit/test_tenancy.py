@@ -92,10 +92,10 @@ def test_a_foreign_store_without_its_secret_gets_empty_keys_not_the_operators() 
 
     settings = Settings(s3_endpoint=OWN.s3_endpoint, allowed_endpoints=["s3.team-b.example"])
     cm = parse_manifest(_doc(s3Endpoint="https://s3.team-b.example", credentialsSecret={"name": "gone"}))
-    access = store_access(cm, NoSecretKube(), settings, lambda *e: None)  # type: ignore[arg-type]
+    access = store_access(cm, NoSecretKube(), settings)  # type: ignore[arg-type]
     assert access.credentials == NO_KEYS  # boto3 would otherwise sign with the operator's own keys
     own = parse_manifest(_doc())
-    assert store_access(own, NoSecretKube(), OWN, lambda *e: None).credentials is None  # type: ignore[arg-type]
+    assert store_access(own, NoSecretKube(), OWN).credentials is None  # type: ignore[arg-type]
 
 
 def test_a_secret_outside_the_granted_ones_never_reaches_a_job() -> None:
