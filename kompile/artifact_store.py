@@ -27,6 +27,10 @@ Credentials = Mapping[str, str]
 class StoreError(RuntimeError):
     """The store could not be read or written; the message names the URI (never credentials)."""
 
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code  # S3's error code (or botocore's error name), where one was given
+
 
 class StoreDenied(StoreError):
     """The store answered and said no to this caller: its keys, or a bucket that is not there.
@@ -111,7 +115,33 @@ def _s3_error(action: str, uri: str, err: Exception) -> StoreError:
     code = err.response.get("Error", {}).get("Code") if isinstance(err, ClientError) else None
     told = str(code or type(err).__name__)
     kind = StoreDenied if told in DENIED_CODES or told in DENIED_BOTOCORE else StoreError
-    return kind(f"{action} {uri} failed: {told}")
+    return kind(f"{action} {uri} failed: {told}", told)
+
+
+def own_keys_hint(code: str | None) -> str | None:
+    """What to check when the store refused (S3 error `code`) a caller using its own environment's
+    keys (`kompile run`, a compile Job, whose keys come from the Secret the operator names)."""
+    if code in ("NoSuchBucket", "InvalidBucketName"):
+        return "no such bucket: check the bucket name"
+    if code in DENIED_CODES or code in DENIED_BOTOCORE:
+        return (
+            "the store refused these credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(in a cluster, the Secret spec.registry.credentialsSecret names) and that they may use "
+            "this bucket"
+        )
+    return None
+
+
+def probe_bucket(uri: str, endpoint: str | None = None) -> None:
+    """One small listing under an s3:// folder, so a wrong bucket or refused keys are found before
+    any work rather than at the upload after it (StoreDenied or StoreError)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = _s3(uri)
+    try:
+        s3_client(endpoint).list_objects_v2(Bucket=loc.bucket, Prefix=loc.key, MaxKeys=1)
+    except (BotoCoreError, ClientError) as err:
+        raise _s3_error("listing of", uri, err) from None
 
 
 def is_s3(uri: str) -> bool:

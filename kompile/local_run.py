@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kompile.api.resource import CompiledModel
 from kompile.api.status import CandidateStatus, CompiledModelStatus, LatencyStats, TargetStatus
-from kompile.artifact_store import StoreError, is_s3, join, put_tree
+from kompile.artifact_store import StoreDenied, StoreError, is_s3, join, own_keys_hint, probe_bucket, put_tree
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.hardware import cpu_description
@@ -159,7 +159,7 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     problem = _unknown_targets(cm, s.targets) or _unwritable(s.work_dir, "--work-dir")
     artifact_root = _artifact_root(cm, s)
     via = "--artifacts" if s.artifacts is not None else "spec.registry.artifactStore"
-    problem = problem or _unwritable(artifact_root, via)
+    problem = problem or _unwritable(artifact_root, via) or _unusable_store(cm)
     if problem:
         return 2, problem
     s.work_dir.mkdir(parents=True, exist_ok=True)
@@ -168,6 +168,22 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
         return 2, lock
     with lock:
         return _run(cm, s, console, artifact_root)
+
+
+def _unusable_store(cm: CompiledModel) -> str | None:
+    """An s3:// artifact store whose bucket is not there or that refuses this shell's keys, found
+    before the compile (its upload comes after it). An outage is left to the upload's retries."""
+    registry = cm.spec.registry
+    store = registry.artifact_store if registry else None
+    if not registry or not store or not is_s3(store):
+        return None
+    try:
+        probe_bucket(store, registry.s3_endpoint)
+    except StoreDenied as err:
+        return f"spec.registry.artifactStore: {err}: {own_keys_hint(err.code)}"
+    except StoreError:
+        return None
+    return None
 
 
 def _hold(work_dir: Path) -> IO[str] | str:

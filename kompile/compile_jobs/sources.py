@@ -123,6 +123,14 @@ def fetch(uri: str, cache_dir: Path, base_dir: Path, s3_endpoint: str | None = N
     return path
 
 
+def _told(message: str, code: str | None) -> str:
+    """A store error's message with what to check when the store refused this caller's keys."""
+    from kompile.artifact_store import own_keys_hint
+
+    hint = own_keys_hint(code)
+    return f"{message}: {hint}" if hint else message
+
+
 def _fetch_s3(bucket: str, key: str, cache_dir: Path, endpoint: str | None) -> Path:
     from boto3.exceptions import Boto3Error
     from botocore.exceptions import BotoCoreError, ClientError
@@ -137,7 +145,9 @@ def _fetch_s3(bucket: str, key: str, cache_dir: Path, endpoint: str | None) -> P
         code = (
             err.response.get("Error", {}).get("Code") if isinstance(err, ClientError) else type(err).__name__
         )
-        raise SourceError(f"spec.source.uri s3://{bucket}/{key}: download failed: {code}") from None
+        raise SourceError(
+            _told(f"spec.source.uri s3://{bucket}/{key}: download failed: {code}", code)
+        ) from None
     return dest
 
 
@@ -414,7 +424,7 @@ def _fetch_s3_folder(uri: str, cache_dir: Path, endpoint: str | None) -> Path:
     try:
         names = sorted(file_sizes(uri, endpoint))
     except StoreError as err:
-        raise SourceError(f"spec.source.uri {uri}: cannot list the folder: {err}") from None
+        raise SourceError(_told(f"spec.source.uri {uri}: cannot list the folder: {err}", err.code)) from None
     if not names:
         raise SourceError(
             f"spec.source.uri {uri}: no objects under this folder; upload the model folder there"

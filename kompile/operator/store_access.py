@@ -112,8 +112,8 @@ class StoreAccess:
     """Why no store call is made at all (its Secret cannot be read), or None."""
 
 
-def _denied_fix(error: str, store: StoreAccess) -> str:
-    if "NoSuchBucket" in error or "InvalidBucketName" in error:
+def _denied_fix(err: StoreDenied, store: StoreAccess) -> str:
+    if err.code in ("NoSuchBucket", "InvalidBucketName"):
         return "no such bucket: check the bucket in spec.registry.artifactStore (or spec.source.uri)"
     return f"the store does not accept the keys of {store.keys_from}: correct them there"
 
@@ -176,7 +176,7 @@ def store_call(uri: str, store: StoreAccess, call: Callable[[], T]) -> T:
     except StoreDenied as err:
         # It answered: up for every other tenant. Only this one's keys or bucket are wrong.
         BREAKER.succeeded(endpoint)
-        raise StoreRefused(f"artifact store {endpoint}: {err}: {_denied_fix(str(err), store)}") from err
+        raise StoreRefused(f"artifact store {endpoint}: {err}: {_denied_fix(err, store)}") from err
     except StoreError as err:
         delay = BREAKER.failed(endpoint, f"artifact store {endpoint}: {err}")
         raise StoreUnavailable(f"artifact store {endpoint}: {err}; next attempt in {delay:.0f} s") from err

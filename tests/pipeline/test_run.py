@@ -199,3 +199,29 @@ def test_s3_source_and_s3_artifact_store(
         write_manifest(small_cnn_doc(source={"uri": f"s3://{bucket}/models/nope.onnx"}), "n.yaml")
     )
     assert missing.code == 2 and "download failed" in missing.stderr
+
+
+def test_s3_refusals_say_what_to_check(
+    kompile_run, write_manifest, tmp_path: Path, s3_server, s3_env, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Wrong keys for an s3:// source, or an artifact store bucket that is not there: the run stops
+    before compiling and says what to check, not a bare "download failed: 403"."""
+    bucket = "refusals"
+    s3_server.create_bucket(bucket)
+    (tmp_path / "m.onnx").write_bytes(b"not read: the keys are refused first")
+    s3_server.client().upload_file(str(tmp_path / "m.onnx"), bucket, "models/m.onnx")
+    doc = small_cnn_doc(source={"uri": f"s3://{bucket}/models/m.onnx"})
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key")
+    refused = kompile_run(write_manifest(doc), "--no-register")
+    assert refused.code == 2, refused.stderr
+    assert "refused" in refused.stderr and "AWS_SECRET_ACCESS_KEY" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_env["AWS_SECRET_ACCESS_KEY"])
+    doc = small_cnn_doc(
+        registry={"artifactStore": "s3://no-such-bucket/artifacts", "s3Endpoint": s3_server.endpoint}
+    )
+    missing = kompile_run(write_manifest(doc, "b.yaml"), "--no-register")
+    assert missing.code != 0 and "NoSuchBucket" in missing.stderr, missing.stderr
+    assert "spec.registry.artifactStore" in missing.stderr, missing.stderr
+    assert "compiling" not in missing.stderr, missing.stderr  # found out before any build
