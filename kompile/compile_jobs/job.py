@@ -21,14 +21,15 @@ from kompile.api.job_contract import (
     ExitCode,
     JobContractError,
     JobEnv,
+    JobProgress,
     JobResult,
     JobSpec,
     compact_result,
 )
 from kompile.api.resource import CompiledModel
 from kompile.api.spec import Target
-from kompile.api.status import TargetStatus
-from kompile.artifact_store import StoreError, join, put_tree, write_bytes
+from kompile.api.status import TargetStatus, now_rfc3339
+from kompile.artifact_store import StoreDenied, StoreError, join, own_keys_hint, put_tree, write_bytes
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.pipeline import LogReporter, PipelineOptions, run_pipeline
@@ -68,6 +69,24 @@ def _failed(target: Target, reason: str, message: str, hw_class: str) -> TargetS
         message=message[-2000:],
         hardware_class=hw_class,
     )
+
+
+def _store_writable(uri: str, endpoint: str | None, target: Target, hw_class: str) -> None:
+    """The progress note written once before anything else: keys the store refuses (the operator
+    checked they read; they may not write) would otherwise fail the upload after the whole compile.
+    Refused: Failed, StoreRefused, exit 2 (not retried). An outage: the upload retries at the end."""
+    now = now_rfc3339()
+    try:
+        write_bytes(
+            uri, JobProgress(line="[pipeline] starting", at=now, started=now).dumps().encode(), endpoint
+        )
+    except StoreDenied as err:
+        message = f"{err}: {own_keys_hint(err.code)}"
+        _terminate(compact_result(_failed(target, "StoreRefused", message, hw_class), None, None))
+        print(f"kompile-job: {message}", file=sys.stderr)
+        raise SystemExit(ExitCode.BAD_INPUT) from None
+    except StoreError:
+        pass
 
 
 def _pull_timing_cache(endpoint: str | None) -> StoreSync | None:
@@ -154,6 +173,7 @@ def _main() -> None:
         arch=job.arch,
         deadline=job.deadline,
     )
+    _store_writable(progress_uri(prefix), endpoint, target, hw_class)
     # Each line to the pod's log; the latest also to the store, for the target's status.
     progress = StoreProgress(LogReporter(lambda m: print(m, flush=True)), progress_uri(prefix), endpoint)
     try:

@@ -327,12 +327,13 @@ def run_compile_job(
     target: Any,
     root: Path,
     source_dir: Path,
+    prefix: str | None = None,
     **told: Any,
 ) -> tuple[int, Any]:
     """`kompile-job` in-process as a pod runs it: the artifact store under root/store, the pod's
     emptyDir root/scratch (also its HOME and TMPDIR, holding the termination log as in the kubelet
-    stand-in); `told`: more JobSpec fields. Its exit code and the status its termination message
-    carries."""
+    stand-in), unless `prefix` names another artifact prefix; `told`: more JobSpec fields. Its exit
+    code and the status its termination message carries."""
     from kompile.api.job_contract import JobSpec, parse_compact
     from kompile.compile_jobs import job
 
@@ -343,7 +344,7 @@ def run_compile_job(
         target=target,
         hardware_class="cpu-x86-64-avx2",
         device="cpu",
-        artifact_prefix=(root / "store" / "cache" / "k").as_uri(),
+        artifact_prefix=prefix or (root / "store" / "cache" / "k").as_uri(),
         work_dir=str(scratch),
         **told,
     )

@@ -86,3 +86,25 @@ def test_a_compile_job_writes_its_progress_and_removes_it(
     assert all(t.started == told[0].started for t in told)
     prefix = (tmp_path / "store" / "cache" / "k").as_uri()
     assert read_bytes(progress_uri(prefix)) is None, "removed when the Job ended"
+
+
+def test_a_job_whose_keys_the_store_refuses_stops_before_the_compile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: Any, s3_env: dict[str, str], capsys: Any
+) -> None:
+    """Its first write (the progress note) is refused: keys that may not write the store would
+    fail the upload after the whole compile (tens of minutes, a tuning). The Job stops at once,
+    not retried (exit code 2), the target Failed with StoreRefused and what to check."""
+    s3_server.create_bucket("job-refused")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key")
+    code, status = run_compile_job(
+        monkeypatch,
+        small_cnn_doc(),
+        Target(name="cpu-fp32"),
+        tmp_path,
+        EXAMPLES,
+        prefix="s3://job-refused/cache/ns/k",
+        s3_endpoint=s3_server.endpoint,
+    )
+    assert code == ExitCode.BAD_INPUT and status.phase == "Failed", status
+    assert status.reason == "StoreRefused" and "AWS_SECRET_ACCESS_KEY" in (status.message or ""), status
+    assert "compiling with" not in capsys.readouterr().out
