@@ -55,6 +55,8 @@ DENIED_CODES = frozenset(
     }
 )
 DENIED_BOTOCORE = ("NoCredentialsError", "PartialCredentialsError")
+NO_BUCKET = ("NoSuchBucket", "InvalidBucketName")
+"""The denied codes that blame the bucket's name rather than the keys."""
 
 
 def join(root: str, *parts: str) -> str:
@@ -121,7 +123,7 @@ def _s3_error(action: str, uri: str, err: Exception) -> StoreError:
 def own_keys_hint(code: str | None) -> str | None:
     """What to check when the store refused (S3 error `code`) a caller using its own environment's
     keys (`kompile run`, a compile Job, whose keys come from the Secret the operator names)."""
-    if code in ("NoSuchBucket", "InvalidBucketName"):
+    if code in NO_BUCKET:
         return "no such bucket: check the bucket name"
     if code in DENIED_CODES or code in DENIED_BOTOCORE:
         return (

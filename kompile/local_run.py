@@ -182,7 +182,7 @@ def _unusable_store(cm: CompiledModel) -> str | None:
     except StoreDenied as err:
         return f"spec.registry.artifactStore: {err}: {own_keys_hint(err.code)}"
     except StoreError:
-        return None
+        pass
     return None
 
 

@@ -15,6 +15,7 @@ from kompile.api.cache import progress_uri
 from kompile.api.job_contract import RESULT_FILE, JobProgress, JobResult
 from kompile.api.resource import CompiledModel
 from kompile.artifact_store import (
+    NO_BUCKET,
     StoreDenied,
     StoreError,
     delete,
@@ -113,7 +114,7 @@ class StoreAccess:
 
 
 def _denied_fix(err: StoreDenied, store: StoreAccess) -> str:
-    if err.code in ("NoSuchBucket", "InvalidBucketName"):
+    if err.code in NO_BUCKET:
         return "no such bucket: check the bucket in spec.registry.artifactStore (or spec.source.uri)"
     return f"the store does not accept the keys of {store.keys_from}: correct them there"
 
