@@ -295,7 +295,10 @@ def _store_reachable(
 ) -> None:
     """StoreReachable=False (and Ready's reason) while a target or a class's `latest` pointer waits
     on the artifact store; True again once none does. One Warning per outage, not one per reconcile."""
-    waiting = [t for t in status.targets if t.reason in (STORE_UNAVAILABLE, STORE_REFUSED)]
+    # Pending only: a Job that the store refused ends Failed with StoreRefused, and waits on nothing.
+    waiting = [
+        t for t in status.targets if t.phase == "Pending" and t.reason in (STORE_UNAVAILABLE, STORE_REFUSED)
+    ]
     before = next((c for c in status.conditions if c.type == STORE_REACHABLE), None)
     if not waiting and pointer_error is None:
         if before is not None:

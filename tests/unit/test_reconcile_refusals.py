@@ -374,3 +374,28 @@ def test_tuning_budgets_the_job_deadline_cannot_hold_fail_their_target_before_an
     for phrase in ("75 minutes", "tvm-a 30, tvm-b 45", "KOMPILE_JOB_DEADLINE_SECONDS", "tuningMinutes"):
         assert phrase in tvm["message"], tvm["message"]
     assert any(e[1] == "TuningOverDeadline" for e in events)
+
+
+def test_a_job_refused_by_the_store_is_a_failed_target_not_a_wait() -> None:
+    """A compile Job whose keys the store refused to write ends Failed with reason StoreRefused (its
+    termination message). It waits on nothing: StoreReachable stays as it was, and Ready is the
+    failed target's, not "1 target(s) wait on the artifact store"."""
+    from kompile.api.status import CompiledModelStatus, TargetStatus
+    from kompile.operator.reconcile import _store_reachable
+
+    failed = TargetStatus(
+        name="cpu",
+        backend="onnxruntime",
+        precision="fp32",
+        phase="Failed",
+        reason="StoreRefused",
+        message="x",
+    )
+    status = CompiledModelStatus(targets=[failed])
+    events: list[tuple[str, str, str]] = []
+    _store_reachable(status, 1, lambda *e: events.append(e))
+    assert not [c for c in status.conditions if c.type in ("StoreReachable", "Ready")], status.conditions
+    assert not events
+    waiting = failed.model_copy(update={"phase": "Pending"})
+    _store_reachable(CompiledModelStatus(targets=[waiting]), 1, lambda *e: events.append(e))
+    assert [e[1] for e in events] == ["StoreRefused"]
