@@ -52,6 +52,8 @@ DENIED_CODES = frozenset(
         "NoSuchBucket",
         "SignatureDoesNotMatch",
         "TokenRefreshRequired",
+        # versitygw's answer to an access key it has no user for (where AWS says InvalidAccessKeyId)
+        "XAdminUserNotFound",
     }
 )
 DENIED_BOTOCORE = ("NoCredentialsError", "PartialCredentialsError")
@@ -112,8 +114,11 @@ def s3_client(endpoint: str | None, credentials: Credentials | None = None) -> A
 
 
 def _s3_error(action: str, uri: str, err: Exception) -> StoreError:
+    from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import ClientError
 
+    if isinstance(err, S3UploadFailedError) and isinstance(err.__context__, ClientError):
+        err = err.__context__  # boto3's upload wraps S3's answer; its code is what says why
     code = err.response.get("Error", {}).get("Code") if isinstance(err, ClientError) else None
     told = str(code or type(err).__name__)
     kind = StoreDenied if told in DENIED_CODES or told in DENIED_BOTOCORE else StoreError

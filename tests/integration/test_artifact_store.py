@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from kompile.artifact_store import StoreError, join, put_tree, read_bytes, write_bytes
+from kompile.artifact_store import (
+    DENIED_CODES,
+    StoreDenied,
+    StoreError,
+    join,
+    own_keys_hint,
+    put_tree,
+    read_bytes,
+    write_bytes,
+)
 from tests.support.servers import MlflowServer, S3Server
 
 STORE_BUCKET = "kompile-artifacts"
@@ -129,6 +138,14 @@ def test_missing_bucket_is_an_error_not_a_missing_key(s3_server: S3Server) -> No
     assert uri in str(caught.value)
 
 
+@pytest.mark.usefixtures("s3_env")
+def test_an_upload_to_a_missing_bucket_says_so(tmp_path: Path) -> None:
+    uri = f"s3://no-such-bucket-{_unique()}/cache/model"
+    with pytest.raises(StoreDenied) as caught:
+        _operations(tmp_path)["put_tree"](uri)
+    assert caught.value.code == "NoSuchBucket" and own_keys_hint(caught.value.code), caught.value
+
+
 def _operations(tmp_path: Path) -> dict[str, Callable[[str], object]]:
     tree = tmp_path / "upload"
     tree.mkdir()
@@ -163,10 +180,13 @@ def test_bad_credential_raises_store_error_naming_uri_not_secret(
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", f"nobody{_unique()}")
     monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # boto3 caches the first credentials it read
 
-    with pytest.raises(StoreError) as caught:
+    with pytest.raises(StoreDenied) as caught:
         _operations(tmp_path)[operation](uri)
     message = str(caught.value)
     assert uri in message
+    # S3's own code, on every verb (boto3 wraps an upload's in S3UploadFailedError): the code is
+    # what tells a refusal from an outage, and what the hint to the user is chosen by.
+    assert caught.value.code in DENIED_CODES and caught.value.code in message, message
     # Neither the message nor what a logger would print of the exception holds a secret.
     shown = "".join(traceback.format_exception(caught.value))
     for secret in (s3_server.secret_key, wrong_secret):
