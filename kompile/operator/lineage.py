@@ -119,18 +119,20 @@ def _own_key(uri: str, cm: CompiledModel) -> str:
     return f"{who}@{host_of(uri) or uri}"  # no scheme: not read as a URL by the breaker
 
 
-def _waiting(uri: str, cm: CompiledModel, status: CompiledModelStatus, event: EventFn) -> bool:
-    """True (and Registered=False says why) while MLflow at uri is in its backoff after an outage,
-    or this CompiledModel in its own after MLflow refused it."""
+def _waiting(uri: str, cm: CompiledModel, status: CompiledModelStatus, event: EventFn) -> str | None:
+    """Why this model waits (and Registered=False says so): MLflow at uri in its backoff after an
+    outage, or this CompiledModel in its own after MLflow refused it; None when it may call."""
     wait = BREAKER.wait(uri)
     reason = "RegistryUnavailable"
     if wait is None:
         wait, reason = REFUSED.wait(_own_key(uri, cm)), "RegistryFailed"
     if wait is None:
-        return False
+        return None
     seconds, why = wait
     _set_unregistered(status, reason, f"{why}; next attempt in {seconds:.0f} s", event)
-    return True
+    if reason == "RegistryUnavailable":
+        return "MLflow unavailable"
+    return "MLflow refused this model's last call"
 
 
 def _failed(
@@ -217,10 +219,11 @@ def move_alias(
     from kompile.registry import set_alias
 
     pending = [p for p in registry.pending_aliases if p.startswith(f"{hardware_class}:")]
-    if _waiting(uri, cm, status, event):
-        # MLflow is in its backoff: the move waits in pendingAliases with the reason for it.
+    waiting = _waiting(uri, cm, status, event)
+    if waiting:
+        # A backoff (MLflow's or this model's own): the move waits in pendingAliases with the reason.
         registry.pending_aliases = [p for p in registry.pending_aliases if p not in pending]
-        registry.pending_aliases.append(f"{hardware_class}: version {version} (MLflow unavailable)")
+        registry.pending_aliases.append(f"{hardware_class}: version {version} ({waiting})")
         return False
     registry.pending_aliases = [p for p in registry.pending_aliases if p not in pending]
     try:

@@ -502,6 +502,39 @@ def test_a_failed_alias_move_stays_pending_and_is_retried(monkeypatch: pytest.Mo
     assert calls == [("cpu-x86", "7"), ("cpu-x86", "7")]  # the third found it done
 
 
+def test_an_alias_move_mlflow_refused_waits_saying_it_was_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move MLflow refused (403: no permission on the model) waits out this model's own backoff;
+    the pending entry says it was refused, not that MLflow is down. MLflow is a stand-in here."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
+
+    from kompile import registry
+    from kompile.api.status import CompiledModelStatus, RegistryStatus
+    from kompile.operator import lineage
+    from kompile.operator.lineage import move_alias
+    from kompile.operator.outages import Breaker
+
+    monkeypatch.setattr(lineage, "BREAKER", Breaker(first=5.0))
+    monkeypatch.setattr(lineage, "REFUSED", Breaker(first=60.0))
+
+    def set_alias(uri: str, model: str, alias: str, version: str) -> None:
+        raise MlflowException("no permission on model 'resnet'", error_code=PERMISSION_DENIED)
+
+    monkeypatch.setattr(registry, "set_alias", set_alias)
+    model = cm(
+        targets=[{"name": "cpu", "backend": "onnxruntime"}], registry={"trackingUri": "http://mlflow:5000"}
+    )
+    status = CompiledModelStatus(registry=RegistryStatus(model_name="resnet", run_id="r"))
+    target = _result().model_copy(update={"registered_version": "7"})
+    assert not move_alias(model, status, Settings(), "cpu-x86", target, lambda *e: None)
+    assert not move_alias(model, status, Settings(), "cpu-x86", target, lambda *e: None)  # its backoff
+    assert status.registry is not None
+    (pending,) = status.registry.pending_aliases
+    assert "unavailable" not in pending and "refused" in pending, pending
+    registered = next(c for c in status.conditions if c.type == "Registered")
+    assert (registered.status, registered.reason) == ("False", "RegistryFailed")
+
+
 def test_fleet_resources_size_every_fleet_compile_job_and_gpu_jobs_keep_their_gpu() -> None:
     """A model too big for the default 16Gi limit must be compilable in fleet mode too: before,
     fleet targets always got the defaults, with no field to raise them."""
