@@ -108,7 +108,10 @@ def run(
         try:
             cm = load_manifest(manifest, name)
         except ManifestError as err:
-            raise _fail(str(err)) from None
+            from kompile.compile_jobs.source_files import unreadable_model_hint
+
+            # A model file not named .onnx/.pt2 (a .pt): what it holds says more than YAML's error.
+            raise _fail(unreadable_model_hint(manifest) or str(err)) from None
     settings = LocalRunSettings(
         manifest=manifest,
         work_dir=work_dir,

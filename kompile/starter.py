@@ -74,8 +74,11 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
             f"`kompile run {model}`, or check it with `kompile check {model}`"
         )
     if fmt is None:
+        from kompile.compile_jobs.source_files import unreadable_model_hint
+
         raise StarterError(
-            f"{model}: kompile writes manifests for .onnx and .pt2 files and Hugging Face model folders"
+            unreadable_model_hint(model)
+            or f"{model}: kompile writes manifests for .onnx and .pt2 files and Hugging Face model folders"
         )
     inputs = read_signature(model, fmt)
     known = {s.name for i in inputs for s in i.shape if not isinstance(s, int)}

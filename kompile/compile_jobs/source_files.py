@@ -92,6 +92,28 @@ def check(path: Path, fmt: str) -> None:
     raise SourceError(f"{path}: expected {expected}, but it is not a zip archive: {_bytes_found(path)}")
 
 
+def unreadable_model_hint(path: Path) -> str | None:
+    """What a model file that `kompile init`/`run` cannot read the inputs of holds, and what to do
+    instead (None when it is none of the formats kompile knows): the .pt files users have are
+    most often weights or a pickle, whose model code kompile never runs."""
+    try:
+        kind = sniff(path) if path.is_file() else "absent"
+    except (OSError, zipfile.BadZipFile):
+        return None  # the caller's own message stands
+    if kind == "torch.save":
+        return f"{path}: holds {_torch_save_content(path)}: {EXPORT_HINT}"
+    if kind == "torchscript":
+        named = "" if path.suffix.lower() in (".pt", ".pth", ".ts") else ", format: torchscript"
+        return (
+            f"{path}: TorchScript, whose input shapes kompile cannot read: write a manifest with "
+            f"spec.source.uri: {path.name}{named} and its spec.inputs (examples/small-cnn.yaml is one), or "
+            "export the model to a .pt2 (torch.export.save), whose inputs `kompile init` reads"
+        )
+    if kind in _RENAME and path.suffix.lower() not in (".onnx", ".pt2"):
+        return f"{path}: holds {FOUND[kind]}: name it .{'onnx' if kind == 'onnx' else 'pt2'}"
+    return None
+
+
 def _bytes_found(path: Path) -> str:
     with path.open("rb") as f:
         head = f.read(16)

@@ -174,6 +174,28 @@ def test_a_bad_model_file_or_flag_is_a_clear_error(tmp_path: Path) -> None:
     assert manifest.read_text() == "apiVersion: kompile.dev/v1alpha1\n"
 
 
+def test_a_pytorch_file_kompile_cannot_read_says_what_it_holds_and_what_to_do(tmp_path: Path) -> None:
+    """`init` and `run` on the .pt files users have: a state_dict or a pickled module has no code
+    kompile runs (export it, or a python:// factory); TorchScript has no input shapes (a manifest
+    with spec.inputs, or a .pt2). Both said only what suffixes they read, or (run on a state_dict)
+    to write a manifest pointing at the weights, which then failed."""
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    model = small_cnn().eval()
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    torch.save(model, tmp_path / "pickled.pth")
+    torch.jit.save(torch.jit.trace(model, torch.zeros(1, 3, 32, 32)), tmp_path / "scripted.pt")
+    for verb in ("init", "run"):
+        code, _, err = _cli(verb, str(tmp_path / "weights.pt"))
+        assert code == 2 and "a state_dict" in err and "torch.export.save" in err, err
+        assert "python://" in err and "Traceback" not in err, err
+        code, _, err = _cli(verb, str(tmp_path / "pickled.pth"))
+        assert code == 2 and "pickled Python object" in err and "torch.export.save" in err, err
+        code, _, err = _cli(verb, str(tmp_path / "scripted.pt"))
+        assert code == 2 and "TorchScript" in err and "spec.inputs" in err and ".pt2" in err, err
+    assert not list(tmp_path.glob("*.yaml"))  # init wrote nothing
+
+
 def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
     """A graph exported at batch 4 runs only at 4: batchSizes [1] would time nothing there."""
     from models.small import small_cnn  # type: ignore[import-not-found]
