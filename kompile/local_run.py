@@ -26,6 +26,7 @@ from kompile.compile_jobs.pipeline import (
     BuiltTarget,
     LogReporter,
     PipelineOptions,
+    PipelineResult,
     Reporter,
     plan_targets,
     run_pipeline,
@@ -163,6 +164,9 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     if problem:
         return 2, problem
     s.work_dir.mkdir(parents=True, exist_ok=True)
+    problem = _unusable_registry(cm, s)  # once the work dir, the default database's folder, is there
+    if problem:
+        return 2, problem
     lock = _hold(s.work_dir)
     if isinstance(lock, str):
         return 2, lock
@@ -184,6 +188,22 @@ def _unusable_store(cm: CompiledModel) -> str | None:
     except StoreError:
         pass
     return None
+
+
+def _unusable_registry(cm: CompiledModel, s: LocalRunSettings) -> str | None:
+    """A tracking URI MLflow cannot record to, said before the compile rather than after it."""
+    if not s.register:
+        return None
+    from kompile.registry import unusable_tracking
+
+    uri = _tracking_uri(cm, s)
+    why = unusable_tracking(uri)
+    if why is None:
+        return None
+    return (
+        f"{why}: point --tracking-uri (MLFLOW_TRACKING_URI, spec.registry.trackingUri) at one that "
+        "works (a server: start it), or pass --no-register to compile without recording in MLflow"
+    )
 
 
 def _hold(work_dir: Path) -> IO[str] | str:
@@ -227,14 +247,7 @@ def _run(
         result = run_pipeline(cm, opts, reporter)
         _publish_to_s3(cm, result.built, reporter)
         _point_latest(cm, result.status, opts.artifact_root, reporter)
-        if s.register and any(t.artifact for t in result.status.targets):
-            from kompile.registry import TargetRecord, record
-
-            reporter.stage(None, "registering in MLflow")
-            records = [TargetRecord(b.status, b.repo_dir / cm.metadata.name, b.params) for b in result.built]
-            uri = _tracking_uri(cm, s)
-            artifacts = (s.work_dir / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
-            result.status.registry = record(cm, result.status, records, uri, result.lineage, artifacts)
+        unregistered = _register(cm, s, result, reporter) if s.register else None
     except (SourceError, ExportError, InputMismatch, MemoryLimitError) as err:
         return 2, str(err)
     except StoreError as err:
@@ -253,6 +266,8 @@ def _run(
                 f"({status.registry.tracking_uri}); open it with `make mlflow-ui`",
                 highlight=False,
             )
+    if unregistered:
+        return 1, unregistered
     servable = [t for t in status.targets if t.phase not in ("Skipped", "Exported")]
     if not servable and any(t.phase == "Exported" for t in status.targets):
         return 0, None
@@ -262,6 +277,34 @@ def _run(
         )
     ok = all(t.phase == "Succeeded" for t in servable)
     return (0 if ok else 1), None
+
+
+def _register(
+    cm: CompiledModel, s: LocalRunSettings, result: PipelineResult, reporter: Reporter
+) -> str | None:
+    """Record the run in MLflow; what went wrong (the run and its artifacts stand) or None."""
+    if not any(t.artifact for t in result.status.targets):
+        return None
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from kompile.registry import TargetRecord, record
+
+    reporter.stage(None, "registering in MLflow")
+    records = [TargetRecord(b.status, b.repo_dir / cm.metadata.name, b.params) for b in result.built]
+    uri = _tracking_uri(cm, s)
+    artifacts = (s.work_dir / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+    try:
+        result.status.registry = record(cm, result.status, records, uri, result.lineage, artifacts)
+    except (MlflowException, SQLAlchemyError, OSError) as err:
+        # The compile's work is not lost with it: the status is shown and the artifacts stay.
+        kept = ", ".join(str(b.repo_dir) for b in result.built)
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        return (
+            f"registering in MLflow at {uri} failed ({type(err).__name__}: {first}); the validated "
+            f"artifacts are kept in {kept}: run again once MLflow records, or with --no-register"
+        )
+    return None
 
 
 def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:

@@ -101,6 +101,39 @@ def _version_tags(cm: CompiledModel, t: TargetStatus, digest: str | None) -> dic
     return {k: v for k, v in tags.items() if v}
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def unusable_tracking(uri: str, timeout: float = 10.0) -> str | None:
+    """Why MLflow at `uri` cannot record anything, found with one cheap look before a run's work
+    (registration comes after the whole compile): an http(s) server nobody answers for, or an
+    sqlite path that is a folder or no database. None when it may work; a server that answers,
+    even with an error, is left to the registration, which reports what it says."""
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout).close()
+        except urllib.error.HTTPError:
+            return None  # it answered
+        except (urllib.error.URLError, OSError) as err:
+            why = getattr(err, "reason", None) or err
+            return f"MLflow at {uri} does not answer ({why})"
+        return None
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+        if path.is_dir():
+            return f"MLflow database {path} ({uri}) is a folder"
+        if not path.parent.is_dir():
+            return f"MLflow database {path} ({uri}): its folder {path.parent} does not exist"
+        if path.is_file() and path.stat().st_size > 0:
+            with path.open("rb") as f:
+                if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                    return f"MLflow database {path} ({uri}) is not an SQLite database"
+    return None
+
+
 def _client(tracking_uri: str) -> Any:
     from mlflow import MlflowClient
 

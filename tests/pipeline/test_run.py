@@ -142,6 +142,59 @@ def test_manifest_error_names_the_field(kompile_run, write_manifest) -> None:  #
     assert "spec.targets[0].precision" in res.stderr
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port  # closed again: a connection to it is refused
+
+
+@pytest.mark.parametrize("registry", ["http-refused", "sqlite-not-a-database"])
+def test_a_registry_that_cannot_record_is_found_before_the_compile(  # type: ignore[no-untyped-def]
+    kompile_run, write_manifest, tmp_path: Path, registry: str
+) -> None:
+    """Registration comes after the whole compile: an MLflow nobody listens for (MLflow's client
+    retried it for 5 minutes here, then kompile called it a bug of its own) or a tracking database
+    that is no database is said before any work, with what to change."""
+    if registry == "http-refused":
+        uri = f"http://127.0.0.1:{_closed_port()}"
+    else:
+        (tmp_path / "notes.db").write_text("not a database\n")
+        uri = f"sqlite:///{tmp_path / 'notes.db'}"
+    res = kompile_run(write_manifest(small_cnn_doc()), "--tracking-uri", uri)
+    assert res.code == 2 and uri in res.stderr and "--no-register" in res.stderr, res.stderr
+    assert "bug in kompile" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / ".kompile" / "artifacts").exists()  # nothing compiled
+    if registry != "http-refused":
+        assert (tmp_path / "notes.db").read_text() == "not a database\n"  # nothing written to it
+
+
+def test_a_registration_that_fails_after_the_compile_keeps_the_run(  # type: ignore[no-untyped-def]
+    kompile_run, write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow failing at the registration itself (here a stand-in at the record() edge: a server
+    that went away after the check, a disk that filled) still shows the run's status and says
+    where its validated artifacts are; the exit code says the run is not complete."""
+    from mlflow.exceptions import MlflowException
+
+    from kompile import registry
+
+    def record(*args: Any, **kwargs: Any) -> None:
+        raise MlflowException("(sqlite3.OperationalError) database or disk is full")
+
+    monkeypatch.setattr(registry, "record", record)
+    res = kompile_run(write_manifest(small_cnn_doc()))
+    assert res.code == 1, res.stderr
+    (target,) = res.status["targets"]
+    assert target["phase"] == "Succeeded" and not target.get("registeredVersion")
+    artifact = Path(target["artifact"]["uri"].removeprefix("file://"))
+    assert (artifact / "small" / "1" / "model.onnx").is_file()
+    assert "database or disk is full" in res.stderr and str(artifact) in res.stderr, res.stderr
+    assert "bug in kompile" not in res.stderr, res.stderr
+
+
 def test_mlflow_model_source_links_lineage(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import mlflow
     from mlflow import MlflowClient
