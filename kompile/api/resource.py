@@ -163,8 +163,9 @@ def _binary_hint(p: Path) -> str:
     )
 
 
-def _model_documents(p: Path) -> list[dict[str, Any]]:
-    """The CompiledModel documents of a YAML file, unparsed, in file order."""
+def _model_documents(p: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The CompiledModel documents of a YAML file, unparsed, in file order, each with its place
+    among the file's documents (from 1)."""
     if p.is_dir() and (p / "config.json").is_file():
         raise ManifestError(
             f"{p}: a Hugging Face model folder, not a manifest: `kompile run {p}` compiles it, "
@@ -182,10 +183,11 @@ def _model_documents(p: Path) -> list[dict[str, Any]]:
     except UnicodeDecodeError:
         raise ManifestError(_binary_hint(p)) from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        placed = [(n, d) for n, d in enumerate(yaml.safe_load_all(text), 1) if d is not None]
     except yaml.YAMLError as err:
         raise ManifestError(f"{p}: not valid YAML: {err}") from None
-    models = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    docs = [d for _, d in placed]
+    models = [(n, d) for n, d in placed if isinstance(d, dict) and d.get("kind") == KIND]
     if not models and len(docs) == 1:
         parse_manifest(docs[0], str(p))  # raises, saying which of apiVersion and kind is wrong
     if not models:
@@ -203,20 +205,36 @@ def load_manifest(path: str | Path, name: str | None = None) -> CompiledModel:
     a file holding several (as `kubectl apply -f` takes them)."""
     p = Path(path)
     models = _model_documents(p)
-    names = [_name_of(d) for d in models]
+    names = [_name_of(d) for _, d in models]
     if name is not None:
         if name not in names:
             raise ManifestError(f"{p}: no CompiledModel named {name!r} in it (it holds: {', '.join(names)})")
-        return parse_manifest(models[names.index(name)], str(p))
+        return parse_manifest(models[names.index(name)][1], _where(p, models, names.index(name)))
     if len(models) > 1:
         raise ManifestError(
             f"{p}: holds {len(models)} CompiledModels ({', '.join(names)}): pick one with --name "
             f"{names[0] or 'NAME'}, or put each in its own file"
         )
-    return parse_manifest(models[0], str(p))
+    return parse_manifest(models[0][1], str(p))
+
+
+def _where(p: Path, models: list[tuple[int, dict[str, Any]]], i: int) -> str:
+    """How an error names document i: the file alone when it holds one model."""
+    number, doc = models[i]
+    return str(p) if len(models) == 1 else f"{p}, CompiledModel {_name_of(doc)!r} (document {number})"
 
 
 def load_manifests(path: str | Path) -> list[CompiledModel]:
-    """Every CompiledModel document of a YAML file, each parsed and validated."""
+    """Every CompiledModel document of a YAML file, each parsed and validated; the errors of every
+    invalid one together, each naming its model, so one look fixes a whole GitOps file."""
     p = Path(path)
-    return [parse_manifest(d, str(p)) for d in _model_documents(p)]
+    models = _model_documents(p)
+    parsed, errors = [], []
+    for i, (_, doc) in enumerate(models):
+        try:
+            parsed.append(parse_manifest(doc, _where(p, models, i)))
+        except ManifestError as err:
+            errors.append(str(err))
+    if errors:
+        raise ManifestError("\n".join(errors))
+    return parsed

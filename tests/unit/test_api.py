@@ -207,6 +207,31 @@ def test_a_file_of_several_models_names_them_and_runs_the_one_picked(tmp_path: P
         load_manifest(path)
 
 
+def test_check_reports_every_invalid_model_of_a_file_by_name(tmp_path: Path) -> None:
+    """A GitOps repository's CI runs `kompile check` on a file of several models: it said the first
+    error only, without saying which model it was in ("fleet.yaml: invalid CompiledModel manifest")."""
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    bad_name = minimal() | {"metadata": {"name": "Bad_Name"}}
+    bad_precision = minimal() | {"metadata": {"name": "m3"}}
+    bad_precision["spec"] = bad_precision["spec"] | {
+        "targets": [{"name": "t", "backend": "onnxruntime", "precision": "fp64"}]
+    }
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump_all([minimal(), bad_name, bad_precision]))
+    checked = CliRunner().invoke(app, ["check", str(path)])
+    assert checked.exit_code == 2, checked.stderr
+    said = checked.stderr
+    assert "CompiledModel 'Bad_Name' (document 2)" in said and "metadata.name" in said, said
+    assert "CompiledModel 'm3' (document 3)" in said and "spec.targets[0].precision" in said, said
+    assert "'m' (document 1)" not in said, said
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(bad_name))
+    with pytest.raises(ManifestError, match=r"one.yaml: invalid CompiledModel manifest"):
+        load_manifest(tmp_path / "one.yaml")  # a file of one model names no document
+
+
 def test_missing_and_broken_files(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="no such manifest"):
         load_manifest(tmp_path / "nope.yaml")
