@@ -36,7 +36,7 @@ from tests.integration.fleet import (
     wait_for,
 )
 from tests.integration.kubelet_standin import KubeletStandIn
-from tests.integration.kwok_stages import EXIT_CODE, MESSAGE
+from tests.integration.kwok_stages import EXIT_CODE, MESSAGE, MISSING_IMAGE
 from tests.support.kstatus import kstatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,10 @@ def fleet(
     kubelet = sim_fleet
     reporter = KwokReporter(control_plane.kubeconfig, NS, decide).start()
     store = (work / "store").as_uri()
-    op = OperatorProcess(control_plane.kubeconfig, NS, store, work / "operator.log").start()
+    # xla's compile image is one the registry lacks (kwok's pull stand-in): xla is in no `auto`, so
+    # only a target naming it gets that image.
+    env = {"KOMPILE_ENV_IMAGES": f"xla={MISSING_IMAGE}"}
+    op = OperatorProcess(control_plane.kubeconfig, NS, store, work / "operator.log", env).start()
     try:
         yield {
             "core": core,
@@ -355,6 +358,40 @@ def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict
         assert (held[0].count or 1) == 1 and "Insufficient memory" in held[0].message
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "huge")
+
+
+def test_a_compile_image_the_node_cannot_pull_says_which_and_where_it_is_set(fleet: dict[str, Any]) -> None:
+    """A compile image the registry lacks kept the target "waiting" until the Job's deadline: the
+    kubelet's ImagePullBackOff (kwok's stand-in) reaches the target's status with the image and the
+    setting that chose it, Ready and Flux say what it waits on, one Warning tells it."""
+    target = {
+        "name": "xla",
+        "backend": "xla",
+        "hardware": {"nodeSelector": {"kubernetes.io/hostname": "cpu-0"}},
+    }
+    fleet["custom"].create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, small_cnn_manifest("pull", targets=[target])
+    )
+    try:
+
+        def held() -> dict[str, Any] | None:
+            obj = get(fleet, "pull")
+            targets = (obj.get("status") or {}).get("targets") or []
+            return obj if targets and targets[0].get("reason") == "ImagePullBackOff" else None
+
+        obj = wait_for("pull held up", held, timeout=120)
+        (status,) = obj["status"]["targets"]
+        assert status["phase"] == "Pending" and status["node"] == "cpu-0", status
+        assert MISSING_IMAGE in status["message"] and "KOMPILE_ENV_IMAGES" in status["message"], status
+        assert ready_condition(obj)["message"] == "compile in progress; waiting: xla: ImagePullBackOff"
+        assert kstatus(obj) == ("InProgress", "compile in progress; waiting: xla: ImagePullBackOff")
+        time.sleep(5)
+        events = fleet["core"].list_namespaced_event(NS, field_selector="involvedObject.name=pull").items
+        pulls = [e for e in events if e.reason == "ImagePullBackOff"]
+        assert len(pulls) == 1 and pulls[0].type == "Warning", [(e.reason, e.message) for e in events]
+        assert (pulls[0].count or 1) == 1 and MISSING_IMAGE in pulls[0].message
+    finally:
+        fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "pull")
 
 
 def test_a_running_target_shows_what_its_job_last_told(fleet: dict[str, Any]) -> None:
