@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,16 @@ class RunResults:
 
     @classmethod
     def load(cls, path: Path) -> RunResults:
+        takes = "compare takes the reference.npz and outputs.npz kompile run saves, or an artifact folder"
+        if path.is_file() and not zipfile.is_zipfile(path):
+            raise RunResultsError(f"{path}: not kompile run results: not an .npz archive; {takes}")
         try:
             with np.load(path, allow_pickle=False) as data:
+                if _META not in data.files:
+                    raise RunResultsError(
+                        f"{path}: not kompile run results: an .npz written by something other than "
+                        f"kompile run (it holds {', '.join(data.files[:5]) or 'no arrays'}); {takes}"
+                    )
                 meta = json.loads(str(data[_META]))
                 names: list[str] = list(meta["outputNames"])
                 samples = int(meta["samples"])
@@ -94,6 +103,8 @@ class RunResults:
                     if key.startswith("input/"):
                         _, i, name = key.split("/", 2)
                         inputs[int(i)][name] = data[key]
+        except RunResultsError:
+            raise
         except (OSError, ValueError, KeyError) as err:
             raise RunResultsError(f"{path}: not kompile run results ({type(err).__name__}: {err})") from None
         return cls(
