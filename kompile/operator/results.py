@@ -197,10 +197,9 @@ def _cannot_start(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> tuple[st
     if not spec.get("nodeName"):
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                said = cond.get("message") or "no reason given"
                 return "Unschedulable", (
-                    f"the scheduler cannot place the compile pod: {cond.get('message') or 'no reason given'} "
-                    f"(lower {rt.resources_field or 'the target resources'}.requests, or free or add a "
-                    f"node of hardware class {rt.hardware_class} with that much room)"
+                    f"the scheduler cannot place the compile pod: {said} ({_placement_fix(rt, said)})"
                 )
         return None
     for cs in status.get("containerStatuses") or []:
@@ -220,6 +219,32 @@ def _cannot_start(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> tuple[st
                 "operator's KOMPILE_STORE_SECRET names must exist in this namespace)"
             )
     return None
+
+
+def _placement_fix(rt: ResolvedTarget, said: str) -> str:
+    """What to change, read from the scheduler's per-node verdicts: room where some node has the
+    labels but not the room; else the labels (no node has them) and the tolerations (the nodes that
+    have them are tainted)."""
+    if "Insufficient" in said or not ("didn't match" in said or "untolerated taint" in said):
+        return (
+            f"lower {rt.resources_field or 'the target resources'}.requests, or free or add a node of "
+            f"hardware class {rt.hardware_class} with that much room"
+        )
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(rt.node_selector.items()))
+    fixes = []
+    if "didn't match" in said:
+        fixes.append(
+            f"no node has the labels of {rt.hardware_field}.nodeSelector ({labels}): correct them "
+            "(`kubectl get nodes --show-labels`) or label the nodes meant"
+            if rt.hardware_field
+            else f"no node of hardware class {rt.hardware_class} ({labels}) is left to run it: its nodes "
+            "were removed or relabelled"
+        )
+    if "untolerated taint" in said:
+        where = f"{rt.hardware_field}.tolerations" if rt.hardware_field else "a target's hardware.tolerations"
+        which = "where the nodes meant are tainted" if fixes else "every node it may run on is tainted"
+        fixes.append(f"{which}: add the taint's toleration to {where}")
+    return "; ".join(fixes)
 
 
 def _out_of_memory(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> str:

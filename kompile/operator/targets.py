@@ -34,6 +34,9 @@ class ResolvedTarget:
     """kubernetes.io/arch of its nodes where known (decides auto's candidates); None: any."""
     resources_field: str = ""
     """Where the user sizes this target's Job (spec.fleet.resources, spec.targets[i].hardware.resources)."""
+    hardware_field: str = ""
+    """Where the user places this target (spec.targets[i].hardware); empty for a fleet target,
+    placed by its hardware class."""
 
     @property
     def name(self) -> str:
@@ -111,6 +114,7 @@ def _explicit(
         # Only what the user's selector pins: a class found by a looser selector may share it.
         arch=selector.get(ARCH),
         resources_field=f"spec.targets[{index}].hardware.resources",
+        hardware_field=f"spec.targets[{index}].hardware",
     )
 
 

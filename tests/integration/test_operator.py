@@ -360,14 +360,37 @@ def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "huge")
 
 
+def test_a_target_whose_labels_no_node_has_says_to_check_the_selector(fleet: dict[str, Any]) -> None:
+    """A nodeSelector no node matches (a typo) was told to lower its resource requests: the real
+    scheduler's verdict ("didn't match Pod's node affinity/selector") now names the selector."""
+    target = {"name": "typo", "backend": "onnxruntime", "hardware": {"nodeSelector": {"pool": "edge-tpyo"}}}
+    fleet["custom"].create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, small_cnn_manifest("typo", targets=[target])
+    )
+    try:
+
+        def held() -> dict[str, Any] | None:
+            targets = (get(fleet, "typo").get("status") or {}).get("targets") or []
+            return targets[0] if targets and targets[0].get("reason") == "Unschedulable" else None
+
+        status = wait_for("typo unschedulable", held, timeout=120)
+        message = status["message"]
+        assert "didn't match Pod's node affinity/selector" in message, message
+        assert "spec.targets[0].hardware.nodeSelector (pool=edge-tpyo)" in message, message
+        assert "requests" not in message, message
+    finally:
+        fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "typo")
+
+
 def test_a_compile_image_the_node_cannot_pull_says_which_and_where_it_is_set(fleet: dict[str, Any]) -> None:
     """A compile image the registry lacks kept the target "waiting" until the Job's deadline: the
     kubelet's ImagePullBackOff (kwok's stand-in) reaches the target's status with the image and the
     setting that chose it, Ready and Flux say what it waits on, one Warning tells it."""
+    # On the kwok edge nodes (arm64): the local node's kubelet stand-in pulls no image.
     target = {
         "name": "xla",
         "backend": "xla",
-        "hardware": {"nodeSelector": {"kubernetes.io/hostname": "cpu-0"}},
+        "hardware": {"nodeSelector": {"kubernetes.io/arch": "arm64"}},
     }
     fleet["custom"].create_namespaced_custom_object(
         GROUP, VERSION, NS, PLURAL, small_cnn_manifest("pull", targets=[target])
@@ -379,9 +402,16 @@ def test_a_compile_image_the_node_cannot_pull_says_which_and_where_it_is_set(fle
             targets = (obj.get("status") or {}).get("targets") or []
             return obj if targets and targets[0].get("reason") == "ImagePullBackOff" else None
 
-        obj = wait_for("pull held up", held, timeout=120)
+        try:
+            obj = wait_for("pull held up", held, timeout=120)
+        except AssertionError as err:
+            pods = (
+                fleet["core"].list_namespaced_pod(NS, label_selector="kompile.dev/compiledmodel=pull").items
+            )
+            seen = [(p.spec.node_name, p.status.phase, p.status.container_statuses) for p in pods]
+            raise AssertionError(f"{err}; status {get(fleet, 'pull').get('status')}; pods {seen}") from None
         (status,) = obj["status"]["targets"]
-        assert status["phase"] == "Pending" and status["node"] == "cpu-0", status
+        assert status["phase"] == "Pending" and status["node"].startswith("edge-"), status
         assert MISSING_IMAGE in status["message"] and "KOMPILE_ENV_IMAGES" in status["message"], status
         assert ready_condition(obj)["message"] == "compile in progress; waiting: xla: ImagePullBackOff"
         assert kstatus(obj) == ("InProgress", "compile in progress; waiting: xla: ImagePullBackOff")

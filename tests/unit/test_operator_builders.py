@@ -653,6 +653,43 @@ def test_a_compile_pod_that_cannot_start_says_why_while_its_job_runs() -> None:
     assert creating.phase == "Running" and creating.reason is None
 
 
+def _unschedulable(said: str) -> dict[str, Any]:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": said}
+    return _waiting_pod(None, phase="Pending", conditions=[condition])
+
+
+def test_a_pod_no_node_matches_says_to_check_the_selector_not_the_requests() -> None:
+    """The scheduler found no node with the target's labels (a typo in a nodeSelector, a class
+    whose nodes were relabelled): the advice was to lower the resource requests, which cannot help."""
+    explicit = cm(
+        targets=[{"name": "t", "backend": "onnxruntime", "hardware": {"nodeSelector": {"pool": "edge-typo"}}}]
+    )
+    (rt,) = resolve_targets(explicit.spec, discover(FLEET))
+    said = (
+        "0/9 nodes are available: 3 node(s) had untolerated taint(s), "
+        "6 node(s) didn't match Pod's node affinity/selector."
+    )
+    stuck, _ = from_job(rt, _job(None), [_unschedulable(said)], None)
+    message = stuck.message or ""
+    assert stuck.reason == "Unschedulable" and said in message, message
+    assert "spec.targets[0].hardware.nodeSelector" in message and "pool=edge-typo" in message, message
+    assert "requests" not in message, message
+    tainted = "0/3 nodes are available: 3 node(s) had untolerated taint(s)."
+    stuck, _ = from_job(rt, _job(None), [_unschedulable(tainted)], None)
+    assert "spec.targets[0].hardware.tolerations" in (stuck.message or ""), stuck.message
+    # A fleet target's selector is its class's: the class's nodes are what is missing.
+    model = cm(fleet={"enabled": True})
+    fleet_rt = next(r for r in resolve_targets(model.spec, discover(FLEET)) if r.name == "cpu-amd64-fp32")
+    stuck, _ = from_job(fleet_rt, _job(None), [_unschedulable(said)], None)
+    assert "no node of hardware class cpu-amd64" in (stuck.message or ""), stuck.message
+    # Both: the room is what to change where some nodes match but are full.
+    full = (
+        "0/4 nodes are available: 1 Insufficient memory, 3 node(s) didn't match Pod's node affinity/selector."
+    )
+    stuck, _ = from_job(rt, _job(None), [_unschedulable(full)], None)
+    assert "spec.targets[0].hardware.resources.requests" in (stuck.message or ""), stuck.message
+
+
 def test_a_compile_job_is_told_when_its_deadline_ends() -> None:
     """The Job counts its deadline from its creation, as the Job controller does: a retried pod
     knows how much is left (kompile.compile_jobs.build: no candidate starts in its last 20%)."""
