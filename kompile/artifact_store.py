@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,24 +358,48 @@ def file_sizes(
             return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
         except OSError as err:
             raise StoreError(f"listing of {uri} failed: {err.strerror or type(err).__name__}") from None
-    return {name: size for name, (size, _) in _s3_listing(uri, endpoint, credentials).items()}
+    return {name: listed.size for name, listed in _s3_listing(uri, endpoint, credentials).items()}
 
 
-def _s3_listing(
-    uri: str, endpoint: str | None, credentials: Credentials | None
-) -> dict[str, tuple[int, str]]:
-    """Every object under the S3 folder `uri`, by key relative to it, with its size and ETag."""
+def files_older_than(
+    uri: str, seconds: float, endpoint: str | None = None, credentials: Credentials | None = None
+) -> list[str]:
+    """The files under the folder `uri` last written more than `seconds` ago (relative paths); none
+    when the folder is not there."""
+    cutoff = time.time() - seconds
+    if not is_s3(uri):
+        root = _local(uri)
+        try:
+            files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+            return sorted(p.relative_to(root).as_posix() for p in files if p.stat().st_mtime < cutoff)
+        except OSError as err:
+            raise StoreError(f"listing of {uri} failed: {err.strerror or type(err).__name__}") from None
+    listing = _s3_listing(uri, endpoint, credentials)
+    return sorted(name for name, listed in listing.items() if listed.modified < cutoff)
+
+
+@dataclass(frozen=True)
+class _Listed:
+    size: int
+    etag: str
+    modified: float
+    """When it was last written, in seconds since the epoch."""
+
+
+def _s3_listing(uri: str, endpoint: str | None, credentials: Credentials | None) -> dict[str, _Listed]:
+    """Every object under the S3 folder `uri`, by key relative to it: its size, ETag and age."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     loc = _s3(uri)
     prefix = loc.key.rstrip("/") + "/"
-    out: dict[str, tuple[int, str]] = {}
+    out: dict[str, _Listed] = {}
     try:
         pages = s3_client(endpoint, credentials).get_paginator("list_objects_v2")
         for page in pages.paginate(Bucket=loc.bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 etag = str(obj.get("ETag", "")).strip('"')
-                out[str(obj["Key"])[len(prefix) :]] = (int(obj["Size"]), etag)
+                modified = obj["LastModified"].timestamp() if obj.get("LastModified") else time.time()
+                out[str(obj["Key"])[len(prefix) :]] = _Listed(int(obj["Size"]), etag, modified)
     except (BotoCoreError, ClientError) as err:
         raise _s3_error("listing of", uri, err) from None
     return out
@@ -390,5 +415,5 @@ def folder_version(
     listing = _s3_listing(uri, endpoint, credentials)
     if not listing:
         return None
-    lines = "".join(f"{name}\0{etag}\0{size}\n" for name, (size, etag) in sorted(listing.items()))
+    lines = "".join(f"{name}\0{f.etag}\0{f.size}\n" for name, f in sorted(listing.items()))
     return hashlib.sha256(lines.encode()).hexdigest()[:32]

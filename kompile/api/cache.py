@@ -63,6 +63,11 @@ def progress_uri(prefix: str) -> str:
     return f"{folder}/progress/{key}.json"
 
 
+def progress_folder(store_root: str, namespace: str) -> str:
+    """The folder of a namespace's progress notes (progress_uri's)."""
+    return artifact_prefix(store_root, namespace, "progress")
+
+
 def prefix_root(prefix: str) -> str:
     """The store root of a prefix made by artifact_prefix (its last three segments dropped)."""
     return prefix.rstrip("/").rsplit("/", 3)[0]

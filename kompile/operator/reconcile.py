@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kompile.api.cache import progress_folder
 from kompile.api.resource import CompiledModel, format_validation_error
 from kompile.api.status import (
     CompiledModelStatus,
@@ -39,6 +40,7 @@ from kompile.operator.lineage import (
     settle_registered,
     tracking_uri,
 )
+from kompile.operator.progress_sweep import SWEEP
 from kompile.operator.serve import reconcile_rollouts
 from kompile.operator.settings import Settings
 from kompile.operator.store_access import (
@@ -230,6 +232,12 @@ def reconcile(
         status.targets = []
         return _refuse(status, "TooManyTargets", too_many, doc, kube, tell)
     store = store_access(cm, kube, settings)
+    SWEEP(
+        progress_folder(store_root(cm, settings), namespace),
+        store,
+        stale_after=2 * settings.job_deadline_seconds,
+        every=settings.progress_sweep_seconds,
+    )
     pods = PodsOfJobs(kube, namespace, uid)
     targets: list[TargetStatus] = []
     for rt in resolved:

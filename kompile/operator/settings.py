@@ -116,6 +116,9 @@ class Settings:
     KOMPILE_BACKEND_VERSIONS (backend=version pairs) overrides them, for images built otherwise."""
     job_deadline_seconds: int = 3600
     """KOMPILE_JOB_DEADLINE_SECONDS: activeDeadlineSeconds of a compile Job."""
+    progress_sweep_seconds: int = 3600
+    """KOMPILE_PROGRESS_SWEEP_SECONDS: how often a namespace's progress notes are looked through for
+    ones no Job writes any more (untouched for twice the Job deadline; kompile.operator.progress_sweep)."""
     job_backoff_limit: int = 2
     """KOMPILE_JOB_BACKOFF_LIMIT: retries of a crashed compile pod (the only retry policy)."""
     job_ttl_seconds: int = 86400
@@ -192,6 +195,7 @@ class Settings:
             allowed_secrets=_csv(e.get("KOMPILE_ALLOWED_SECRETS")),
             backend_versions=versions,
             job_deadline_seconds=_whole(e, "KOMPILE_JOB_DEADLINE_SECONDS", d.job_deadline_seconds),
+            progress_sweep_seconds=_whole(e, "KOMPILE_PROGRESS_SWEEP_SECONDS", d.progress_sweep_seconds),
             job_backoff_limit=_whole(e, "KOMPILE_JOB_BACKOFF_LIMIT", d.job_backoff_limit),
             job_ttl_seconds=_whole(e, "KOMPILE_JOB_TTL_SECONDS", d.job_ttl_seconds),
             scratch_size=e.get("KOMPILE_SCRATCH_SIZE", d.scratch_size),

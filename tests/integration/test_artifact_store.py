@@ -9,6 +9,7 @@ tests/conftest.py, or with `-p tests.support.fixtures`).
 from __future__ import annotations
 
 import os
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from kompile.artifact_store import (
     DENIED_CODES,
     StoreDenied,
     StoreError,
+    files_older_than,
     join,
     own_keys_hint,
     put_tree,
@@ -203,6 +205,17 @@ def test_changed_credentials_in_environment_are_used(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", f"wrong-{_unique()}")
     with pytest.raises(StoreError):
         write_bytes(uri, b"with a wrong secret")
+
+
+def test_files_older_than_names_only_what_was_written_before_the_cutoff(store_root: str) -> None:
+    """What the operator's progress sweep reads: ages by the store's own clock (S3's LastModified)."""
+    folder = join(store_root, "ages", _unique())
+    assert files_older_than(folder, 0.0) == []  # a folder not there yet
+    write_bytes(join(folder, "old.json"), b"{}")
+    time.sleep(2.2)
+    write_bytes(join(folder, "sub", "new.json"), b"{}")
+    assert files_older_than(folder, 1.0) == ["old.json"]
+    assert files_older_than(folder, 3600.0) == []
 
 
 def test_put_tree_of_missing_folder_is_an_error(store_root: str, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ so the tests pass alone and in any order; they share the operator, the fleet and
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -77,7 +78,7 @@ def fleet(
     store = (work / "store").as_uri()
     # xla's compile image is one the registry lacks (kwok's pull stand-in): xla is in no `auto`, so
     # only a target naming it gets that image.
-    env = {"KOMPILE_ENV_IMAGES": f"xla={MISSING_IMAGE}"}
+    env = {"KOMPILE_ENV_IMAGES": f"xla={MISSING_IMAGE}", "KOMPILE_PROGRESS_SWEEP_SECONDS": "2"}
     op = OperatorProcess(control_plane.kubeconfig, NS, store, work / "operator.log", env).start()
     try:
         yield {
@@ -464,6 +465,31 @@ def test_a_running_target_shows_what_its_job_last_told(fleet: dict[str, Any]) ->
         assert read_bytes(progress_uri(prefix)) is None
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, HELD)
+
+
+def test_a_progress_note_no_job_writes_any_more_is_swept(fleet: dict[str, Any]) -> None:
+    """A Job killed outright whose CompiledModel was deleted before the operator saw it end leaves
+    its progress note. No Job outlives its deadline: a note untouched for twice that is removed at a
+    reconcile in its namespace (every KOMPILE_PROGRESS_SWEEP_SECONDS: 2 s here); a fresh one stays."""
+    folder = fleet["store"] / "cache" / NS / "progress"
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    note = JobProgress(line="[cpu/openvino] compiling", at=now, started=now).dumps()
+    stale, fresh = folder / "left-by-a-killed-job.json", folder / "still-written.json"
+    stale.write_text(note)
+    fresh.write_text(note)
+    three_days_ago = time.time() - 3 * 86400
+    os.utime(stale, (three_days_ago, three_days_ago))
+    target = {"name": "t", "backend": "onnxruntime", "hardware": {"nodeSelector": {"pool": "none"}}}
+    fleet["custom"].create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, small_cnn_manifest("sweeper", targets=[target])
+    )
+    try:
+        wait_for("stale note swept", lambda: not stale.exists(), timeout=60)
+        assert fresh.exists()
+    finally:
+        fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "sweeper")
+        fresh.unlink(missing_ok=True)
 
 
 def test_a_compile_job_out_of_memory_says_which_limit_to_raise(fleet: dict[str, Any]) -> None:
