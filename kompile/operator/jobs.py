@@ -26,6 +26,7 @@ LABEL_TARGET = "kompile.dev/target"
 LABEL_CLASS = "kompile.dev/hardware-class"
 ANNOTATION_CACHE_KEY = "kompile.dev/cache-key"
 ANNOTATION_PREFIX = "kompile.dev/artifact-prefix"
+ANNOTATION_IMAGE_SETTING = "kompile.dev/image-setting"
 CONTAINER = "compile"
 SCRATCH = "/scratch"
 RUN_AS = 65532
@@ -90,26 +91,33 @@ def job_spec(
 
 
 def compile_image(rt: ResolvedTarget, settings: Settings) -> str:
-    """The compile image of a target: the GPU one (KOMPILE_GPU_ENVS_IMAGE where a candidate needs an
-    own environment); else, when its candidates need own environments,
-    the image KOMPILE_ENV_IMAGES names for that environment (or that `+`-joined set), else for
-    several the image that carries every environment (KOMPILE_ENVS_IMAGE): each of them carries the
-    CPU image's backends too, so every candidate builds in one Job; else the CPU one. The CPU image
-    is one multi-arch tag (the Dockerfile's compile-cpu stage, built for amd64 and arm64): each node
-    pulls its own architecture's variant, and the Job's nodeSelector pins the architecture."""
+    """The compile image of a target (image_choice's image)."""
+    return image_choice(rt, settings)[0]
+
+
+def image_choice(rt: ResolvedTarget, settings: Settings) -> tuple[str, str]:
+    """The compile image of a target and the setting that named it: the GPU one
+    (KOMPILE_GPU_ENVS_IMAGE where a candidate needs an own environment); else, when its candidates
+    need own environments, the image KOMPILE_ENV_IMAGES names for that environment (or that
+    `+`-joined set), else for several the image that carries every environment
+    (KOMPILE_ENVS_IMAGE): each of them carries the CPU image's backends too, so every candidate
+    builds in one Job; else the CPU one. The CPU image is one multi-arch tag (the Dockerfile's
+    compile-cpu stage, built for amd64 and arm64): each node pulls its own architecture's variant,
+    and the Job's nodeSelector pins the architecture."""
     if rt.gpu:
         # TensorRT's image; with the own environments of the backends that also build for cuda
         # when a candidate needs one.
         entries = [CATALOG[b] for b in backends_of(rt.target, "cuda", rt.arch)]
-        cuda = {e.environment for e in entries if e.environment and "cuda" in e.devices}
-        return settings.gpu_envs_image if cuda else settings.gpu_image
+        if any(e.environment and "cuda" in e.devices for e in entries):
+            return settings.gpu_envs_image, "KOMPILE_GPU_ENVS_IMAGE"
+        return settings.gpu_image, "KOMPILE_GPU_IMAGE"
     needed = sorted({e for b in backends_of(rt.target, "cpu", rt.arch) if (e := CATALOG[b].environment)})
-    if not needed:
-        return settings.cpu_image
-    named = settings.env_images.get("+".join(needed))
-    if named:
-        return named
-    return settings.envs_image if len(needed) > 1 else settings.cpu_image
+    key = "+".join(needed)
+    if needed and settings.env_images.get(key):
+        return settings.env_images[key], f"KOMPILE_ENV_IMAGES ({key})"
+    if len(needed) > 1:
+        return settings.envs_image, "KOMPILE_ENVS_IMAGE"
+    return settings.cpu_image, "KOMPILE_CPU_IMAGE"
 
 
 def _env(
@@ -150,9 +158,10 @@ def build_job(
         LABEL_CLASS: label_value(rt.hardware_class),
         "app.kubernetes.io/managed-by": "kompile",
     }
+    image, chosen_by = image_choice(rt, settings)
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": compile_image(rt, settings),
+        "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["kompile-job"],
         "env": _env(cm, rt, prefix, settings, created),
@@ -220,6 +229,10 @@ def build_job(
                     },
                 ]
             },
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {
+                # On the pod: what a pull error's message names as the setting to correct.
+                "metadata": {"labels": labels, "annotations": {ANNOTATION_IMAGE_SETTING: chosen_by}},
+                "spec": pod_spec,
+            },
         },
     }

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from kompile.api.job_contract import JobProgress, parse_compact
 from kompile.api.status import TargetPhase, TargetStatus
+from kompile.operator.jobs import ANNOTATION_IMAGE_SETTING
 from kompile.operator.targets import ResolvedTarget
 
 MESSAGE_TAIL = 1000
@@ -207,10 +208,18 @@ def _cannot_start(rt: ResolvedTarget, pod: Mapping[str, Any] | None) -> tuple[st
         reason, said = waiting.get("reason"), waiting.get("message") or ""
         if reason in _IMAGE_REASONS:
             image = next((c.get("image") for c in spec.get("containers") or []), None)
+            setting = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_IMAGE_SETTING)
+            # A Job made by an operator before the annotation: every setting that names an image.
+            check = (
+                f"check the operator's setting of it, {setting}"
+                if setting
+                else "check the operator's image settings, KOMPILE_CPU_IMAGE, KOMPILE_GPU_IMAGE, "
+                "KOMPILE_ENV_IMAGES"
+            )
             return reason, (
-                f"node {spec['nodeName']} cannot pull the compile image {image}: {said} (check the "
-                "operator's image settings, KOMPILE_CPU_IMAGE, KOMPILE_GPU_IMAGE, KOMPILE_ENV_IMAGES, "
-                "and the node's access to the registry: a pull secret of the namespace's service account)"
+                f"node {spec['nodeName']} cannot pull the compile image {image}"
+                f"{f' (set by {setting})' if setting else ''}: {said} ({check}, and the node's access "
+                "to the registry: a pull secret of the namespace's service account)"
             )
         if reason in _CONFIG_REASONS:
             return reason, (

@@ -653,6 +653,32 @@ def test_a_compile_pod_that_cannot_start_says_why_while_its_job_runs() -> None:
     assert creating.phase == "Running" and creating.reason is None
 
 
+def test_an_image_the_node_cannot_pull_names_the_one_setting_that_chose_it() -> None:
+    """The pull error listed every image setting; the Job's pod says which one chose its image."""
+    settings = Settings(env_images={"xla": "reg.example/xla:9"})
+    model = cm(targets=[{"name": "x", "backend": "xla"}, {"name": "o", "backend": "onnxruntime"}])
+    xla_rt, ort_rt = resolve_targets(model.spec, [])
+    for rt, setting in ((xla_rt, "KOMPILE_ENV_IMAGES (xla)"), (ort_rt, "KOMPILE_CPU_IMAGE")):
+        job = build_job(model, rt, "k", "s3://b/cache/ns/k", settings)
+        pod = {
+            "metadata": job["spec"]["template"]["metadata"],
+            "spec": {**job["spec"]["template"]["spec"], "nodeName": "n1"},
+            "status": {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": "compile",
+                        "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
+                    }
+                ],
+            },
+        }
+        stuck, _ = from_job(rt, _job(None), [pod], None)
+        message = stuck.message or ""
+        assert f"(set by {setting})" in message, message
+        assert "KOMPILE_GPU_IMAGE" not in message, message
+
+
 def _unschedulable(said: str) -> dict[str, Any]:
     condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": said}
     return _waiting_pod(None, phase="Pending", conditions=[condition])
