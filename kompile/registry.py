@@ -104,6 +104,14 @@ def _version_tags(cm: CompiledModel, t: TargetStatus, digest: str | None) -> dic
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
+def without_userinfo(uri: str) -> str:
+    """The URI without a user:password@ part, to show in a message."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 def unusable_tracking(uri: str, timeout: float = 10.0) -> str | None:
     """Why MLflow at `uri` cannot record anything, found with one cheap look before a run's work
     (registration comes after the whole compile): an http(s) server nobody answers for, or an
@@ -113,13 +121,14 @@ def unusable_tracking(uri: str, timeout: float = 10.0) -> str | None:
         import urllib.error
         import urllib.request
 
+        bare = without_userinfo(uri)  # keys in the URI are MLflow's to send, not this look's
         try:
-            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout).close()
+            urllib.request.urlopen(f"{bare.rstrip('/')}/health", timeout=timeout).close()
         except urllib.error.HTTPError:
             return None  # it answered
-        except (urllib.error.URLError, OSError) as err:
+        except (urllib.error.URLError, OSError, ValueError) as err:
             why = getattr(err, "reason", None) or err
-            return f"MLflow at {uri} does not answer ({why})"
+            return f"MLflow at {bare} does not answer ({why})"
         return None
     if uri.startswith("sqlite:///"):
         path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])

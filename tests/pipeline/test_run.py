@@ -160,11 +160,13 @@ def test_a_registry_that_cannot_record_is_found_before_the_compile(  # type: ign
     that is no database is said before any work, with what to change."""
     if registry == "http-refused":
         uri = f"http://127.0.0.1:{_closed_port()}"
+        secret_uri = uri.replace("http://", "http://alice:s3cret@")
     else:
         (tmp_path / "notes.db").write_text("not a database\n")
-        uri = f"sqlite:///{tmp_path / 'notes.db'}"
-    res = kompile_run(write_manifest(small_cnn_doc()), "--tracking-uri", uri)
+        uri = secret_uri = f"sqlite:///{tmp_path / 'notes.db'}"
+    res = kompile_run(write_manifest(small_cnn_doc()), "--tracking-uri", secret_uri)
     assert res.code == 2 and uri in res.stderr and "--no-register" in res.stderr, res.stderr
+    assert "s3cret" not in res.stderr, res.stderr  # keys in the URI are never shown
     assert "bug in kompile" not in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert not (tmp_path / ".kompile" / "artifacts").exists()  # nothing compiled
     if registry != "http-refused":
