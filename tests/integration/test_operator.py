@@ -323,6 +323,35 @@ def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) ->
         fleet["core"].delete_node("a10-0")
 
 
+def held_up(f: dict[str, Any], name: str, reason: str) -> dict[str, Any]:
+    """The CompiledModel once its one target waits with `reason`; on a timeout, the error says what
+    its status and pods showed instead."""
+
+    def held() -> dict[str, Any] | None:
+        obj = get(f, name)
+        targets = (obj.get("status") or {}).get("targets") or []
+        return obj if targets and targets[0].get("reason") == reason else None
+
+    try:
+        obj: dict[str, Any] = wait_for(f"{name} {reason}", held, timeout=120)
+    except AssertionError as err:
+        pods = f["core"].list_namespaced_pod(NS, label_selector=f"kompile.dev/compiledmodel={name}").items
+        seen = [(p.spec.node_name, p.status.phase, p.status.container_statuses) for p in pods]
+        raise AssertionError(f"{err}; status {get(f, name).get('status')}; pods {seen}") from None
+    return obj
+
+
+def one_warning(f: dict[str, Any], name: str, reason: str) -> Any:
+    """The one Warning Event of `reason` a hold-up posts (kubectl describe, alerts on events), not
+    one per look: read after a few looks have passed."""
+    time.sleep(5)
+    events = f["core"].list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items
+    told = [e for e in events if e.reason == reason]
+    assert len(told) == 1 and told[0].type == "Warning", [(e.reason, e.message) for e in events]
+    assert (told[0].count or 1) == 1, told[0]
+    return told[0]
+
+
 def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict[str, Any]) -> None:
     """A request no node can meet left the target "waiting for a node" until the Job's deadline:
     the real scheduler's verdict and the field to lower reach the target's status and Ready."""
@@ -338,25 +367,14 @@ def test_a_compile_pod_the_scheduler_cannot_place_says_what_it_lacks(fleet: dict
         GROUP, VERSION, NS, PLURAL, small_cnn_manifest("huge", targets=[target])
     )
     try:
-
-        def held() -> dict[str, Any] | None:
-            obj = get(fleet, "huge")
-            targets = (obj.get("status") or {}).get("targets") or []
-            return obj if targets and targets[0].get("reason") == "Unschedulable" else None
-
-        obj = wait_for("huge unschedulable", held, timeout=120)
+        obj = held_up(fleet, "huge", "Unschedulable")
         (status,) = obj["status"]["targets"]
         assert status["phase"] == "Pending" and "Insufficient memory" in status["message"], status
         assert "spec.targets[0].hardware.resources.requests" in status["message"]
         assert ready_condition(obj)["message"] == "compile in progress; waiting: huge: Unschedulable"
         # Flux (kstatus) waits on it, and says why.
         assert kstatus(obj) == ("InProgress", "compile in progress; waiting: huge: Unschedulable")
-        # One Warning Event tells it (kubectl describe, alerts on events), not one per look.
-        time.sleep(5)
-        events = fleet["core"].list_namespaced_event(NS, field_selector="involvedObject.name=huge").items
-        held = [e for e in events if e.reason == "Unschedulable"]
-        assert len(held) == 1 and held[0].type == "Warning", [(e.reason, e.message) for e in events]
-        assert (held[0].count or 1) == 1 and "Insufficient memory" in held[0].message
+        assert "Insufficient memory" in one_warning(fleet, "huge", "Unschedulable").message
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "huge")
 
@@ -369,12 +387,7 @@ def test_a_target_whose_labels_no_node_has_says_to_check_the_selector(fleet: dic
         GROUP, VERSION, NS, PLURAL, small_cnn_manifest("typo", targets=[target])
     )
     try:
-
-        def held() -> dict[str, Any] | None:
-            targets = (get(fleet, "typo").get("status") or {}).get("targets") or []
-            return targets[0] if targets and targets[0].get("reason") == "Unschedulable" else None
-
-        status = wait_for("typo unschedulable", held, timeout=120)
+        (status,) = held_up(fleet, "typo", "Unschedulable")["status"]["targets"]
         message = status["message"]
         assert "didn't match Pod's node affinity/selector" in message, message
         assert "spec.targets[0].hardware.nodeSelector (pool=edge-tpyo)" in message, message
@@ -397,30 +410,13 @@ def test_a_compile_image_the_node_cannot_pull_says_which_and_where_it_is_set(fle
         GROUP, VERSION, NS, PLURAL, small_cnn_manifest("pull", targets=[target])
     )
     try:
-
-        def held() -> dict[str, Any] | None:
-            obj = get(fleet, "pull")
-            targets = (obj.get("status") or {}).get("targets") or []
-            return obj if targets and targets[0].get("reason") == "ImagePullBackOff" else None
-
-        try:
-            obj = wait_for("pull held up", held, timeout=120)
-        except AssertionError as err:
-            pods = (
-                fleet["core"].list_namespaced_pod(NS, label_selector="kompile.dev/compiledmodel=pull").items
-            )
-            seen = [(p.spec.node_name, p.status.phase, p.status.container_statuses) for p in pods]
-            raise AssertionError(f"{err}; status {get(fleet, 'pull').get('status')}; pods {seen}") from None
+        obj = held_up(fleet, "pull", "ImagePullBackOff")
         (status,) = obj["status"]["targets"]
         assert status["phase"] == "Pending" and status["node"].startswith("edge-"), status
         assert f"{MISSING_IMAGE} (set by KOMPILE_ENV_IMAGES (xla))" in status["message"], status
         assert ready_condition(obj)["message"] == "compile in progress; waiting: xla: ImagePullBackOff"
         assert kstatus(obj) == ("InProgress", "compile in progress; waiting: xla: ImagePullBackOff")
-        time.sleep(5)
-        events = fleet["core"].list_namespaced_event(NS, field_selector="involvedObject.name=pull").items
-        pulls = [e for e in events if e.reason == "ImagePullBackOff"]
-        assert len(pulls) == 1 and pulls[0].type == "Warning", [(e.reason, e.message) for e in events]
-        assert (pulls[0].count or 1) == 1 and MISSING_IMAGE in pulls[0].message
+        assert MISSING_IMAGE in one_warning(fleet, "pull", "ImagePullBackOff").message
     finally:
         fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "pull")
 
