@@ -427,11 +427,17 @@ def main() -> None:
 
         from rich.markup import escape
 
+        from kompile.registry import hide_userinfo
+
+        # The file is for a bug report: keys in a URL (a --tracking-uri's user:password@) stay out.
         fd, path = tempfile.mkstemp(prefix="kompile-error-", suffix=".txt")
         with os.fdopen(fd, "w") as f:
-            f.write(f"kompile {' '.join(sys.argv[1:])}\n\n")
-            traceback.print_exception(err, file=f)
-        first = (str(err).strip().splitlines() or [""])[0][:300]
+            f.write(
+                hide_userinfo(
+                    f"kompile {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(err))
+                )
+            )
+        first = hide_userinfo((str(err).strip().splitlines() or [""])[0])[:300]
         err_console.print(
             f"[bold red]error:[/] kompile failed unexpectedly: {type(err).__name__}: {escape(first)}\n"
             f"This is a bug in kompile, not in your input: please report it with {escape(path)} (the full "

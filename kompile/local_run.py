@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -289,7 +288,7 @@ def _register(
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
 
-    from kompile.registry import TargetRecord, record, without_userinfo
+    from kompile.registry import TargetRecord, hide_userinfo, record, without_userinfo
 
     reporter.stage(None, "registering in MLflow")
     records = [TargetRecord(b.status, b.repo_dir / cm.metadata.name, b.params) for b in result.built]
@@ -300,7 +299,7 @@ def _register(
     except (MlflowException, SQLAlchemyError, OSError) as err:
         # The compile's work is not lost with it: the status is shown and the artifacts stay.
         kept = ", ".join(str(b.repo_dir) for b in result.built)
-        first = re.sub(r"://[^/@\s]+@", "://", (str(err).strip().splitlines() or [""])[0])[:300]
+        first = hide_userinfo((str(err).strip().splitlines() or [""])[0])[:300]
         return (
             f"registering in MLflow at {without_userinfo(uri)} failed ({type(err).__name__}: {first}); "
             f"the validated artifacts are kept in {kept}: run again once MLflow records, or with "

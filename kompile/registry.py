@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -112,6 +113,12 @@ def without_userinfo(uri: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
+def hide_userinfo(text: str) -> str:
+    """`text` with the user:password@ of every URL in it removed: MLflow's errors quote the
+    request URL whole, keys included, and such a message goes to a status, an Event or a terminal."""
+    return re.sub(r"(://)[^/@\s]+@", r"\1", text)
+
+
 def unusable_tracking(uri: str, timeout: float = 10.0) -> str | None:
     """Why MLflow at `uri` cannot record anything, found with one cheap look before a run's work
     (registration comes after the whole compile): an http(s) server nobody answers for, or an
@@ -148,6 +155,8 @@ def _client(tracking_uri: str) -> Any:
 
     # MLflow's own INFO lines (database migrations) would interleave with our progress display.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # Nor its "View run ... at: <tracking URI>" lines on stdout, which carry any keys in the URI.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     return MlflowClient(tracking_uri=tracking_uri)
 
 
@@ -265,7 +274,10 @@ def record(
         client.log_dict(parent.info.run_id, status.to_wire(), "status.json")
     finally:
         client.set_terminated(parent.info.run_id)
-    return RegistryStatus(tracking_uri=tracking_uri, model_name=name, run_id=parent.info.run_id)
+    # Every reader of the CompiledModel sees this: no keys.
+    return RegistryStatus(
+        tracking_uri=without_userinfo(tracking_uri), model_name=name, run_id=parent.info.run_id
+    )
 
 
 def record_late(

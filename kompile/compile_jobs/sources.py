@@ -26,6 +26,7 @@ from kompile.compile_jobs import huggingface, source_files
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.source_files import SourceError as SourceError  # re-exported
 from kompile.compile_jobs.user_code import where
+from kompile.registry import hide_userinfo
 
 LOAD_LOG = "load.log"
 """Beside the fetched sources: what torch printed while loading one."""
@@ -300,7 +301,9 @@ def _load_mlflow(uri: str, cache_dir: Path, tracking_uri: str | None) -> LoadedS
         with _mlflow_uris(tracking_uri):
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest)))
     except MlflowException as err:
-        raise SourceError(f"spec.source.uri {uri!r}: cannot fetch the MLflow model: {err.message}") from None
+        raise SourceError(
+            f"spec.source.uri {uri!r}: cannot fetch the MLflow model: {hide_userinfo(err.message)}"
+        ) from None
     digest = sha256_tree(local)
     lineage = {"mlflow.source.uri": uri}
     onnx_files = sorted(local.rglob("*.onnx"))

@@ -14,6 +14,7 @@ from kompile.operator.crashpoints import crash_point
 from kompile.operator.outages import BREAKER, Breaker, is_outage
 from kompile.operator.settings import Settings
 from kompile.operator.tenancy import host_of
+from kompile.registry import hide_userinfo
 
 log = logging.getLogger("kompile.operator")
 
@@ -138,7 +139,7 @@ def _waiting(uri: str, cm: CompiledModel, status: CompiledModelStatus, event: Ev
 def _failed(
     uri: str, cm: CompiledModel, status: CompiledModelStatus, err: BaseException, event: EventFn
 ) -> None:
-    why = f"MLflow at {uri}: {type(err).__name__}: {str(err)[:300]}"
+    why = hide_userinfo(f"MLflow at {uri}: {type(err).__name__}: {str(err)[:300]}")
     if is_outage(err):
         delay = BREAKER.failed(uri, why)
         _set_unregistered(status, "RegistryUnavailable", f"{why}; next attempt in {delay:.0f} s", event)
@@ -229,7 +230,7 @@ def move_alias(
     try:
         set_alias(uri, registry.model_name, hardware_class, version)
     except (MlflowException, OSError) as err:
-        why = f"{type(err).__name__}: {str(err)[:200]}"
+        why = hide_userinfo(f"{type(err).__name__}: {str(err)[:200]}")
         registry.pending_aliases.append(f"{hardware_class}: version {version} ({why})")
         if not pending:  # one Event per failed move, however many retries it takes
             event("Warning", "AliasFailed", f"alias {hardware_class}: {why}; retrying after a backoff")

@@ -11,6 +11,7 @@ from kompile.api.resource import parse_manifest
 from kompile.api.status import Artifact, CompiledModelStatus, TargetStatus, Thresholds, ValidationResult
 from kompile.registry import TargetRecord, record
 from tests.pipeline.conftest import small_cnn_doc
+from tests.support.servers import MlflowServer
 
 
 def _records(tmp_path: Path) -> tuple[CompiledModelStatus, list[TargetRecord]]:
@@ -57,3 +58,15 @@ def test_registering_a_generation_twice_adds_nothing(tmp_path: Path) -> None:
     doc["metadata"]["generation"] = 4
     record(parse_manifest(doc), *_records(tmp_path), uri, artifact_location=(tmp_path / "art").as_uri())
     assert len(client.search_model_versions("name='small'")) == 4
+
+
+def test_the_recorded_status_names_mlflow_without_its_keys(
+    tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    """status.registry.trackingUri is what every reader of the CompiledModel sees: a URI with
+    user:password@ (sent by MLflow's client as basic auth) is recorded there without them."""
+    scheme, _, rest = mlflow_server.tracking_uri.partition("://")
+    uri = f"{scheme}://kompile:s3cret@{rest}"
+    status, records = _records(tmp_path)
+    reg = record(parse_manifest(small_cnn_doc()), status, records, uri)
+    assert reg.run_id and reg.tracking_uri == mlflow_server.tracking_uri

@@ -42,6 +42,31 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_file(
         cli.main()
 
 
+def test_the_report_file_and_line_keep_keys_in_urls_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The traceback file is meant for a bug report: a --tracking-uri with user:password@ (in the
+    command line and in MLflow's error, which quotes the URL) must not be in it nor on the screen."""
+    uri = "https://kompile:s3cret@mlflow.internal"
+
+    def broken() -> None:
+        raise RuntimeError(f"API request to {uri}/api/2.0/mlflow/runs/create failed")
+
+    monkeypatch.setattr(cli, "app", broken)
+    monkeypatch.setattr(sys, "argv", ["kompile", "run", "m.yaml", "--tracking-uri", uri])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("KOMPILE_DEBUG", raising=False)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with pytest.raises(SystemExit):
+        cli.main()
+    err = capsys.readouterr().err
+    (saved,) = tmp_path.glob("kompile-error-*.txt")
+    for text in (err, saved.read_text()):
+        assert "mlflow.internal" in text and "s3cret" not in text, text
+
+
 def test_a_full_disk_says_where_and_what_to_do_not_that_kompile_has_a_bug(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

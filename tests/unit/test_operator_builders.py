@@ -781,3 +781,41 @@ def test_a_hold_up_is_told_once_not_at_each_kubelet_retry() -> None:
     assert not held_up_anew("ImagePullBackOff", "ErrImagePull")
     assert held_up_anew("Unschedulable", "ImagePullBackOff")
     assert not held_up_anew(None, None) and not held_up_anew("Unschedulable", "AwaitingResult")
+
+
+def test_keys_in_a_tracking_uri_never_reach_status_or_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator whose MLFLOW_TRACKING_URI carries user:password@ (requests sends it as basic
+    auth) registers every tenant's model there; MLflow's errors quote the request URL whole, so an
+    outage put the operator's password in every tenant's Registered condition, Events and pending
+    aliases. MLflow is a stand-in here: its message is the one MLflow 3 writes."""
+    from mlflow.exceptions import MlflowException
+
+    from kompile import registry
+    from kompile.api.status import CompiledModelStatus, RegistryStatus
+    from kompile.operator import lineage
+    from kompile.operator.outages import Breaker
+
+    monkeypatch.setattr(lineage, "BREAKER", Breaker(first=5.0))
+    uri = "https://kompile:s3cret@mlflow.internal:5000"
+
+    def refuse(tracking_uri: str, *args: object, **kwargs: object) -> None:
+        raise MlflowException(
+            f"API request to {tracking_uri}/api/2.0/mlflow/registered-models/alias failed with "
+            "exception HTTPSConnectionPool(host='mlflow.internal', port=5000): Max retries exceeded"
+        )
+
+    monkeypatch.setattr(registry, "set_alias", refuse)
+    model = cm(targets=[{"name": "cpu", "backend": "onnxruntime"}])
+    status = CompiledModelStatus(registry=RegistryStatus(model_name="resnet", run_id="r"))
+    target = _result().model_copy(update={"registered_version": "7"})
+    events: list[str] = []
+    event = lambda kind, reason, message: events.append(message)  # noqa: E731
+    settings = Settings(tracking_uri=uri)
+    assert not lineage.move_alias(model, status, settings, "cpu-x86", target, event)
+    assert status.registry is not None
+    shown = [c.message for c in status.conditions] + events + status.registry.pending_aliases
+    assert any("mlflow.internal" in m for m in shown), shown
+    assert not any("s3cret" in m for m in shown), shown
+    assert registry.hide_userinfo(f"at {uri}/x and s3://k:v@bucket/p") == (
+        "at https://mlflow.internal:5000/x and s3://bucket/p"
+    )
