@@ -110,6 +110,8 @@ def without_userinfo(uri: str) -> str:
     from urllib.parse import urlsplit
 
     parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri  # as given: geturl() would drop the empty host of sqlite:////abs/path
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 

@@ -42,6 +42,7 @@ def test_registering_a_generation_twice_adds_nothing(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first_status, first = _records(tmp_path)
     reg = record(cm, first_status, first, uri, artifact_location=(tmp_path / "art").as_uri())
+    assert reg.tracking_uri == uri  # an sqlite:////absolute path, as given
     again_status, again = _records(tmp_path)  # the crash lost the status patch: nothing remembered
     reg2 = record(cm, again_status, again, uri, artifact_location=(tmp_path / "art").as_uri())
     assert reg2.run_id == reg.run_id
