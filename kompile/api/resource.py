@@ -163,7 +163,37 @@ def _binary_hint(p: Path) -> str:
     )
 
 
-def _model_documents(p: Path) -> list[tuple[int, dict[str, Any]]]:
+# What the API server writes into an object's metadata: a file from `kubectl get -o yaml` has them.
+_SERVER_METADATA = {
+    "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
+    "deletionGracePeriodSeconds", "managedFields", "selfLink",
+}  # fmt: skip
+
+
+def _as_input(doc: dict[str, Any]) -> dict[str, Any]:
+    """A CompiledModel document as a new object: the operator's status (in what `kubectl get -o
+    yaml` writes, maybe from another operator version) is not input, nor the server's metadata.
+    The cluster object's uid and generation are not a local run's: MLflow records an operator's
+    generation once, by them, so a second `kompile run` of such a file registered nothing."""
+    meta = doc.get("metadata")
+    if isinstance(meta, dict):
+        doc = {**doc, "metadata": {k: v for k, v in meta.items() if k not in _SERVER_METADATA}}
+    return {k: v for k, v in doc.items() if k != "status"}
+
+
+def _placed(placed: list[tuple[int, Any]]) -> list[tuple[str, Any]]:
+    """Each document with where it is; the items of a `kind: List` (what `kubectl get -o yaml`
+    writes for several objects) as documents of their own."""
+    out: list[tuple[str, Any]] = []
+    for n, d in placed:
+        if isinstance(d, dict) and d.get("kind") == "List" and isinstance(d.get("items"), list):
+            out += [(f"document {n}, item {i}", item) for i, item in enumerate(d["items"], 1)]
+        else:
+            out.append((f"document {n}", d))
+    return out
+
+
+def _model_documents(p: Path) -> list[tuple[str, dict[str, Any]]]:
     """The CompiledModel documents of a YAML file, unparsed, in file order, each with its place
     among the file's documents (from 1)."""
     if p.is_dir() and (p / "config.json").is_file():
@@ -183,11 +213,11 @@ def _model_documents(p: Path) -> list[tuple[int, dict[str, Any]]]:
     except UnicodeDecodeError:
         raise ManifestError(_binary_hint(p)) from None
     try:
-        placed = [(n, d) for n, d in enumerate(yaml.safe_load_all(text), 1) if d is not None]
+        placed = _placed([(n, d) for n, d in enumerate(yaml.safe_load_all(text), 1) if d is not None])
     except yaml.YAMLError as err:
         raise ManifestError(f"{p}: not valid YAML: {err}") from None
     docs = [d for _, d in placed]
-    models = [(n, d) for n, d in placed if isinstance(d, dict) and d.get("kind") == KIND]
+    models = [(n, _as_input(d)) for n, d in placed if isinstance(d, dict) and d.get("kind") == KIND]
     if not models and len(docs) == 1:
         parse_manifest(docs[0], str(p))  # raises, saying which of apiVersion and kind is wrong
     if not models:
@@ -218,10 +248,10 @@ def load_manifest(path: str | Path, name: str | None = None) -> CompiledModel:
     return parse_manifest(models[0][1], str(p))
 
 
-def _where(p: Path, models: list[tuple[int, dict[str, Any]]], i: int) -> str:
+def _where(p: Path, models: list[tuple[str, dict[str, Any]]], i: int) -> str:
     """How an error names document i: the file alone when it holds one model."""
-    number, doc = models[i]
-    return str(p) if len(models) == 1 else f"{p}, CompiledModel {_name_of(doc)!r} (document {number})"
+    place, doc = models[i]
+    return str(p) if len(models) == 1 else f"{p}, CompiledModel {_name_of(doc)!r} ({place})"
 
 
 def load_manifests(path: str | Path) -> list[CompiledModel]:

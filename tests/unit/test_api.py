@@ -10,6 +10,7 @@ import yaml
 
 from kompile.api import ManifestError, load_manifest, parse_manifest
 from kompile.api.crd import CRD_FILENAME, build_crd, render_crd
+from kompile.api.resource import load_manifests
 from kompile.api.status import (
     CompiledModelStatus,
     LatencyStats,
@@ -230,6 +231,45 @@ def test_check_reports_every_invalid_model_of_a_file_by_name(tmp_path: Path) -> 
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(bad_name))
     with pytest.raises(ManifestError, match=r"one.yaml: invalid CompiledModel manifest"):
         load_manifest(tmp_path / "one.yaml")  # a file of one model names no document
+
+
+def test_what_kubectl_get_writes_runs_as_it_is(tmp_path: Path) -> None:
+    """`kubectl get compiledmodel m -o yaml > m.yaml` (to try a cluster's model here) writes the
+    server's metadata and the operator's status; `kubectl get compiledmodels -o yaml` a `kind:
+    List` of them. `kompile` refused both: the List as "kind: 'List'", a status written by another
+    operator version as unknown fields. As `kubectl apply` does, the status is not input."""
+    got = minimal()
+    got["metadata"] |= {
+        "namespace": "team-a",
+        "uid": "2f1c5a",
+        "resourceVersion": "123",
+        "generation": 2,
+        "creationTimestamp": "2026-11-29T10:00:00Z",
+        "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1"}],
+    }
+    got["status"] = {"observedGeneration": 2, "targets": [{"name": "t", "fieldOfALaterOperator": 1}]}
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(got))
+    loaded = load_manifest(path).metadata
+    assert (loaded.name, loaded.namespace) == ("m", "team-a")
+    # The cluster object's uid and generation are not this run's: MLflow records an operator's
+    # generation once, by them, and a second `kompile run` of the file registered nothing.
+    assert loaded.uid is None and loaded.generation is None
+    second = {**got, "metadata": {**got["metadata"], "name": "m2"}}
+    listed = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": [got, second]}
+    path.write_text(yaml.safe_dump(listed))
+    assert [m.metadata.name for m in load_manifests(path)] == ["m", "m2"]
+    assert load_manifest(path, "m2").metadata.name == "m2"
+    second["spec"] = {
+        **second["spec"],
+        "targets": [{"name": "t", "backend": "onnxruntime", "precision": "fp64"}],
+    }
+    path.write_text(yaml.safe_dump(listed))
+    with pytest.raises(ManifestError, match=r"CompiledModel 'm2' \(document 1, item 2\)"):
+        load_manifests(path)
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": []}))
+    with pytest.raises(ManifestError, match="no CompiledModel document"):
+        load_manifest(path)
 
 
 def test_missing_and_broken_files(tmp_path: Path) -> None:
