@@ -141,7 +141,11 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         loaded.module = adapt(loaded.module, spec.inputs, export.to_torch(feeds[0], spec.inputs))
     onnx_path = _export_if_consumed(cm, loaded, targets, feeds, opts, reporter)
     # An ONNX source's reference is the file as given, not the working copy the backends compile.
-    reference_runner = None if loaded.onnx_path is None else _onnx_reference(loaded.onnx_path, threads)
+    reference_runner = (
+        None
+        if loaded.onnx_path is None
+        else _onnx_reference(loaded.onnx_path, threads, opts.work_dir / EXPORT_DIR / "reference")
+    )
     reference = _reference_results(cm, loaded, reference_runner, feeds, onnx_path, reporter)
     reference.labels = labels
     reference_file = reference.save(opts.work_dir / REFERENCE_FILE)
@@ -230,11 +234,15 @@ def _reference_feeds(cm: CompiledModel, base_dir: Path) -> tuple[list[inputs.Fee
     return inputs.generate_feeds(cm.spec.inputs, v.samples, v.seed), None
 
 
-def _onnx_reference(onnx_path: Path, threads: int) -> Runner:
-    """For ONNX sources the reference is the source graph on ONNX Runtime with no optimization."""
+def _onnx_reference(onnx_path: Path, threads: int, folder: Path) -> Runner:
+    """For ONNX sources the reference is the source graph on ONNX Runtime with no optimization;
+    from a copy in `folder` when only its IR version is newer than ONNX Runtime reads."""
+    from kompile.compile_jobs.onnx_upgrade import readable_copy
     from kompile.compile_jobs.reference import OnnxReferenceRunner
+    from kompile.compile_jobs.source_files import read_onnx_graph
 
-    return OnnxReferenceRunner(onnx_path, threads)
+    path, _ = readable_copy(onnx_path, read_onnx_graph(onnx_path), folder)
+    return OnnxReferenceRunner(path, threads, shown=onnx_path)
 
 
 def _reference_results(

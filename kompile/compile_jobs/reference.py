@@ -9,11 +9,19 @@ from typing import Any
 import numpy as np
 
 from kompile.compile_jobs.inputs import Feed
+from kompile.compile_jobs.source_files import SourceError
 
 
 class OnnxReferenceRunner:
-    def __init__(self, path: Path, threads: int) -> None:
+    def __init__(self, path: Path, threads: int, shown: Path | None = None) -> None:
+        """`shown`: the file to name in an error when `path` is a copy of it."""
         import onnxruntime as ort
+        from onnxruntime.capi.onnxruntime_pybind11_state import (
+            Fail,
+            InvalidArgument,
+            InvalidGraph,
+            NotImplemented,
+        )
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -22,7 +30,22 @@ class OnnxReferenceRunner:
         # Errors only: its load-time advice (weights listed as inputs cannot be folded) is about
         # optimizing, which this session never does; the compiled working copy has it acted on.
         opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except (Fail, InvalidGraph, NotImplemented, InvalidArgument) as err:
+            # Its graph as given (an operator of a domain no runtime here has, a type it lacks):
+            # the user's to change, not kompile's bug.
+            said = str(err).strip().splitlines()[0]
+            said = said.rpartition(" failed:")[2] or said
+            fix = (
+                "export it with standard ONNX operators only (ai.onnx, ai.onnx.ml, com.microsoft)"
+                if "is not a registered function/op" in said
+                else "save it as a model this ONNX Runtime loads"
+            )
+            raise SourceError(
+                f"{shown or path}: ONNX Runtime {ort.__version__} cannot load it, so kompile has no "
+                f"reference to validate against: {said}; {fix}"
+            ) from None
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
