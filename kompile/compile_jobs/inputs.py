@@ -124,6 +124,11 @@ def load_dataset(
     if len(count) != 1:
         raise InputMismatch(f"{path}: inputs disagree on the number of samples (axis 0): {sorted(count)}")
     n = count.pop()
+    if n == 0:
+        raise InputMismatch(
+            f"{path}: the dataset holds no samples (axis 0 of every input is 0): give at least one, "
+            "or leave spec.validation.dataset out to validate on generated inputs"
+        )
     return [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(n)], labels
 
 

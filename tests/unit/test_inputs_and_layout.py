@@ -73,6 +73,8 @@ def test_dataset_split_into_samples(tmp_path: Path) -> None:
             "outside its declared range",
         ),
         ({"ids": np.zeros((2, 16), np.int64), "mask": np.ones((3, 16), np.int64)}, "disagree"),
+        # An empty dataset (a filter that kept nothing) failed later as an IndexError, "a bug".
+        ({"ids": np.zeros((0, 16), np.int64), "mask": np.ones((0, 16), np.int64)}, "holds no samples"),
     ],
 )
 def test_dataset_mismatch_is_explained(tmp_path: Path, arrays: dict, phrase: str) -> None:  # type: ignore[type-arg]
