@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -258,13 +258,33 @@ def _reference_results(
     reference = reference_results(
         feeds, cm.spec.inputs, loaded.module, onnx_path, label=loaded.label, runner=runner
     )
-    if not all(np.isfinite(o).all() for outs in reference.outputs for o in outs):
+    bad = [i for i, outs in enumerate(reference.outputs) if not all(np.isfinite(o).all() for o in outs)]
+    if not bad:
+        return reference
+    # A NaN the dataset fed in is the dataset's to fix (a tabular model may take NaN as missing:
+    # inputs alone are never refused); one the model made of clean inputs is the model's.
+    fed = [i for i in bad if not all(_finite(a) for a in feeds[i].values())]
+    dataset = cm.spec.validation.dataset
+    if dataset and fed:
         raise sources.SourceError(
-            f"the source model {loaded.label} itself yields NaN or Inf on the reference inputs: nothing "
-            "can be validated against it; check the model's weights or the input ranges "
-            "(spec.inputs low/high)"
+            f"spec.validation.dataset {dataset}: its inputs hold NaN or Inf at {_samples(fed)} (axis 0), "
+            "where the source model's outputs are NaN or Inf too: nothing can be validated against "
+            "them; drop or fix those samples"
         )
-    return reference
+    raise sources.SourceError(
+        f"the source model {loaded.label} itself yields NaN or Inf on {len(bad)} of {len(feeds)} "
+        f"samples ({_samples(bad).removeprefix('samples ').removeprefix('sample ')}): nothing can be "
+        "validated against it; check the model's weights or the input ranges (spec.inputs low/high)"
+    )
+
+
+def _finite(a: np.ndarray[Any, Any]) -> bool:
+    return not np.issubdtype(a.dtype, np.floating) or bool(np.isfinite(a).all())
+
+
+def _samples(indices: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
+    return f"sample {shown}" if len(indices) == 1 else f"samples {shown}"
 
 
 def _benchmark(

@@ -165,6 +165,30 @@ def test_dataset_keys_that_do_not_match_the_inputs(kompile_run, write_manifest, 
     assert "Traceback" not in res.stderr
 
 
+def test_non_finite_reference_outputs_say_whether_the_dataset_or_the_model_made_them(
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A NaN in the dataset's inputs was reported as the model's fault ("check the model's
+    weights"); a model that makes NaN of clean inputs says which samples."""
+    images = np.random.default_rng(0).random((4, 3, 32, 32), dtype=np.float32)
+    images[2, 0, 0, 0] = np.nan
+    np.savez(tmp_path / "refs.npz", input=images)
+    res = kompile_run(write_manifest(small_cnn_doc(validation={"dataset": "refs.npz"})))
+    assert res.code == 2, res.stderr
+    text = " ".join(res.stderr.split())
+    assert "refs.npz" in text and "sample 2" in text and "inputs hold NaN or Inf" in text, text
+    assert "weights" not in text, text
+    (tmp_path / "nanny.py").write_text(
+        "import torch\n\n\nclass Nan(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return x.mean((2, 3)) * float('nan')\n\n\n"
+        "def nan():\n    return Nan()\n"
+    )
+    res = kompile_run(write_manifest(small_cnn_doc(source={"uri": "python://nanny:nan"})))
+    assert res.code == 2, res.stderr
+    text = " ".join(res.stderr.split())
+    assert "Nan itself yields NaN or Inf" in text and "on 2 of 2 samples (0, 1)" in text, text
+
+
 def test_the_compile_job_reports_the_same_message_and_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
