@@ -33,6 +33,7 @@ from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
 from kompile.compile_jobs.residency import Residency, memory_limit, weights_bytes
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
+from kompile.compile_jobs.validate import labels_problem
 
 EXPORT_DIR = "export"
 """The work dir's folder for the ONNX export, removed when the run ends."""
@@ -147,6 +148,10 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         else _onnx_reference(loaded.onnx_path, threads, opts.work_dir / EXPORT_DIR / "reference")
     )
     reference = _reference_results(cm, loaded, reference_runner, feeds, onnx_path, reporter)
+    if labels is not None:  # checked once against the source, before any compile
+        problem = labels_problem(reference.outputs, reference.output_names, labels)
+        if problem:
+            raise inputs.InputMismatch(f"spec.validation.dataset {cm.spec.validation.dataset}: {problem}")
     reference.labels = labels
     reference_file = reference.save(opts.work_dir / REFERENCE_FILE)
 

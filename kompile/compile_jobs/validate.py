@@ -115,6 +115,44 @@ def _predictions(samples: Sequence[Sequence[Array]], j: int) -> Array:
     return np.concatenate([np.argmax(r.reshape(-1, r.shape[-1]), axis=-1) for r in rows])
 
 
+def _labelled_output(
+    reference: Sequence[Sequence[Array]], output_names: Sequence[str], labels: Array
+) -> tuple[int, int] | None:
+    """The first output that holds one row of class scores per label: its index and class count."""
+    for j in range(len(output_names)):
+        shapes = {np.asarray(s[j]).shape for s in reference if j < len(s)}
+        if len(shapes) != 1:
+            continue
+        shape = shapes.pop()
+        rows_per_sample = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        if shape and shape[-1] >= 2 and rows_per_sample * len(reference) == labels.size:
+            return j, int(shape[-1])
+    return None
+
+
+def labels_problem(
+    reference: Sequence[Sequence[Array]], output_names: Sequence[str], labels: Array
+) -> str | None:
+    """Why `labels` cannot score the source's outputs: no output of class scores fits them, or
+    they name classes the output does not have (1-based labels, a 1001-class dataset on a
+    1000-class model), which would be counted as misses and make the accuracy figures wrong."""
+    labels = np.asarray(labels).reshape(-1)
+    found = _labelled_output(reference, output_names, labels)
+    if found is None:
+        return (
+            f"no output holds one row of class scores per label ({labels.size} labels): labels need a "
+            "classifier output of shape [samples, classes]; drop spec.validation.labelsKey otherwise"
+        )
+    j, classes = found
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= classes:
+        return (
+            f"the labels go from {low} to {high}, and output {output_names[j]!r} has {classes} classes: "
+            f"labels are class indices from 0 to {classes - 1} (1-based labels need 1 subtracted)"
+        )
+    return None
+
+
 def task_accuracy(
     reference: Sequence[Sequence[Array]],
     candidate: Sequence[Sequence[Array]],
@@ -124,27 +162,19 @@ def task_accuracy(
     """Accuracy of the source and of the artifact on `labels`, read from the first output that holds
     one row of class scores per label; or the reason none can be read."""
     labels = np.asarray(labels).reshape(-1)
-    for j, name in enumerate(output_names):
-        shapes = {np.asarray(s[j]).shape for s in reference if j < len(s)}
-        if len(shapes) != 1:
-            continue
-        shape = shapes.pop()
-        rows_per_sample = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        if not shape or shape[-1] < 2 or rows_per_sample * len(reference) != labels.size:
-            continue
-        ref = _predictions(reference, j)
-        cand = _predictions(candidate, j)
-        if cand.shape != ref.shape:
-            return None, f"output {name!r}: the artifact's predictions do not match the labels in number"
-        ref_acc = float(np.mean(ref == labels)) * 100
-        acc = float(np.mean(cand == labels)) * 100
-        return TaskAccuracy(
-            output=name, labelled=int(labels.size), reference=ref_acc, accuracy=acc, drop=ref_acc - acc
-        ), None
-    return None, (
-        f"no output holds one row of class scores per label ({labels.size} labels): labels need a "
-        "classifier output of shape [samples, classes]; drop spec.validation.labelsKey otherwise"
-    )
+    found = _labelled_output(reference, output_names, labels)
+    if found is None:
+        return None, labels_problem(reference, output_names, labels)
+    j, name = found[0], output_names[found[0]]
+    ref = _predictions(reference, j)
+    cand = _predictions(candidate, j)
+    if cand.shape != ref.shape:
+        return None, f"output {name!r}: the artifact's predictions do not match the labels in number"
+    ref_acc = float(np.mean(ref == labels)) * 100
+    acc = float(np.mean(cand == labels)) * 100
+    return TaskAccuracy(
+        output=name, labelled=int(labels.size), reference=ref_acc, accuracy=acc, drop=ref_acc - acc
+    ), None
 
 
 def _missed_accuracy(acc: TaskAccuracy | None, t: Thresholds) -> list[str]:

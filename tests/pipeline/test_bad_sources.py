@@ -165,6 +165,19 @@ def test_dataset_keys_that_do_not_match_the_inputs(kompile_run, write_manifest, 
     assert "Traceback" not in res.stderr
 
 
+def test_labels_outside_the_models_classes_stop_the_run_before_any_compile(
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    images = np.random.default_rng(0).random((4, 3, 32, 32), dtype=np.float32)
+    np.savez(tmp_path / "refs.npz", input=images, y=np.array([1, 2, 3, 10]))  # 1-based, 10 classes
+    doc = small_cnn_doc(validation={"dataset": "refs.npz", "labelsKey": "y"})
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 2, res.stderr
+    text = " ".join(res.stderr.split())
+    assert "refs.npz" in text and "from 1 to 10" in text and "10 classes" in text, text
+    assert "compiling" not in text, text
+
+
 def test_non_finite_reference_outputs_say_whether_the_dataset_or_the_model_made_them(
     kompile_run, write_manifest, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]

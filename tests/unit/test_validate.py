@@ -183,6 +183,19 @@ def test_labels_gate_the_accuracy_drop_in_points() -> None:
     assert same.passed and same.task_accuracy is not None and same.task_accuracy.drop == 0
 
 
+def test_labels_outside_the_classes_are_the_datasets_to_fix() -> None:
+    """1-based labels (or a 1001-class dataset on a 1000-class model) were counted as misses: the
+    source's accuracy read low, the gate compared two wrong figures, and nothing said why."""
+    from kompile.compile_jobs.validate import labels_problem
+
+    reference = _scores([0, 1, 2, 3])
+    assert labels_problem(reference, ["logits"], np.array([0, 1, 2, 3])) is None
+    said = labels_problem(reference, ["logits"], np.array([1, 2, 3, 4]))
+    assert said is not None and "from 1 to 4" in said and "4 classes" in said and "0 to 3" in said, said
+    said = labels_problem(reference, ["logits"], np.array([1, 2]))
+    assert said is not None and "no output holds one row of class scores per label (2 labels)" in said
+
+
 def test_accuracy_drop_defaults_by_precision() -> None:
     drops = [default_thresholds(p).max_accuracy_drop for p in ("fp32", "bf16", "fp16", "int8")]
     assert drops == [0.1, 0.5, 0.5, 1.0]
