@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from kompile.api.job_contract import RESULT_FILE
 
@@ -66,9 +66,11 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
-def _local(uri: str) -> Path:
+def local_path(uri: str) -> Path:
+    """The path a file:// URI (or a plain path) names. A file:// URI is percent-encoded (as
+    Path.as_uri writes a space, %20): read undecoded, "my models" was a second folder "my%20models"."""
     parsed = urlparse(uri)
-    return Path(parsed.path) if parsed.scheme == "file" else Path(uri)
+    return Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(uri)
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def put_tree(
         raise StoreError(f"upload to {uri} failed: {local_dir} is not a folder")
     if not is_s3(uri):
         try:
-            dst = _local(uri)
+            dst = local_path(uri)
             shutil.copytree(local_dir, dst, dirs_exist_ok=True, ignore=lambda d, _: _result_in(local_dir, d))
             if (local_dir / RESULT_FILE).is_file():
                 shutil.copyfile(local_dir / RESULT_FILE, dst / RESULT_FILE)  # last, as on S3
@@ -232,7 +234,7 @@ def _s3_get(uri: str, endpoint: str | None, credentials: Credentials | None) -> 
 def read_bytes(uri: str, endpoint: str | None = None, credentials: Credentials | None = None) -> bytes | None:
     """The object's bytes, or None when it does not exist."""
     if not is_s3(uri):
-        path = _local(uri)
+        path = local_path(uri)
         try:
             return path.read_bytes() if path.is_file() else None
         except OSError as err:
@@ -245,7 +247,7 @@ def write_bytes(
     uri: str, data: bytes, endpoint: str | None = None, credentials: Credentials | None = None
 ) -> None:
     if not is_s3(uri):
-        path = _local(uri)
+        path = local_path(uri)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
@@ -265,7 +267,7 @@ def delete(uri: str, endpoint: str | None = None, credentials: Credentials | Non
     """Remove one object (or file); one that is not there is no error."""
     if not is_s3(uri):
         try:
-            _local(uri).unlink(missing_ok=True)
+            local_path(uri).unlink(missing_ok=True)
         except OSError as err:
             raise StoreError(f"delete of {uri} failed: {err.strerror or type(err).__name__}") from None
         return
@@ -315,7 +317,7 @@ def write_if_unchanged(
     `read_versioned`; False when another writer changed it since: read it again and redo the change.
     S3 conditional writes (If-Match / If-None-Match) on a bucket; a file lock on a local store."""
     if not is_s3(uri):
-        path = _local(uri)
+        path = local_path(uri)
         try:
             with locked(path.parent / f".{path.name}.lock"):
                 now = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
@@ -353,7 +355,7 @@ def file_sizes(
 ) -> dict[str, int]:
     """Every file under the folder `uri`, by path relative to it, with its size in bytes."""
     if not is_s3(uri):
-        root = _local(uri)
+        root = local_path(uri)
         try:
             return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
         except OSError as err:
@@ -368,7 +370,7 @@ def files_older_than(
     when the folder is not there."""
     cutoff = time.time() - seconds
     if not is_s3(uri):
-        root = _local(uri)
+        root = local_path(uri)
         try:
             files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
             return sorted(p.relative_to(root).as_posix() for p in files if p.stat().st_mtime < cutoff)

@@ -17,7 +17,16 @@ from rich.table import Table
 
 from kompile.api.resource import CompiledModel
 from kompile.api.status import CandidateStatus, CompiledModelStatus, LatencyStats, TargetStatus
-from kompile.artifact_store import StoreDenied, StoreError, is_s3, join, own_keys_hint, probe_bucket, put_tree
+from kompile.artifact_store import (
+    StoreDenied,
+    StoreError,
+    is_s3,
+    join,
+    local_path,
+    own_keys_hint,
+    probe_bucket,
+    put_tree,
+)
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.hardware import cpu_description
@@ -104,7 +113,7 @@ def _artifact_root(cm: CompiledModel, s: LocalRunSettings) -> Path:
         return s.artifacts.resolve()
     store = cm.spec.registry.artifact_store if cm.spec.registry else None
     if store and not store.startswith("s3://"):
-        path = Path(store.removeprefix("file://"))
+        path = local_path(store)
         return path if path.is_absolute() else (s.manifest.parent / path).resolve()
     return (s.work_dir / "artifacts").resolve()
 

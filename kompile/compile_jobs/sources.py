@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kompile.api.spec import Source
+from kompile.artifact_store import local_path
 from kompile.compile_jobs import huggingface, source_files
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.source_files import SourceError as SourceError  # re-exported
@@ -407,7 +408,7 @@ def _local_path(uri: str, base_dir: Path) -> Path | None:
     parsed = urlparse(uri)
     if parsed.scheme not in ("", "file"):
         return None
-    path = Path(parsed.path) if parsed.scheme == "file" else Path(uri)
+    path = local_path(uri)
     return path if path.is_absolute() else base_dir / path
 
 
