@@ -133,6 +133,11 @@ def own_keys_hint(code: str | None) -> str | None:
     keys (`kompile run`, a compile Job, whose keys come from the Secret the operator names)."""
     if code in NO_BUCKET:
         return "no such bucket: check the bucket name"
+    if code == "NoCredentialsError":
+        return (
+            "no S3 credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE) in this shell (in a cluster, the Secret spec.registry.credentialsSecret names)"
+        )
     if code in DENIED_CODES or code in DENIED_BOTOCORE:
         return (
             "the store refused these credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "

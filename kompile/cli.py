@@ -72,8 +72,11 @@ def run(
     ] = False,
     work_dir: Annotated[Path, typer.Option(help="Scratch, cache and default stores.")] = Path(".kompile"),
     artifacts: Annotated[
-        Path | None,
-        typer.Option(help="Artifact root; default: spec.registry.artifactStore or WORK_DIR/artifacts."),
+        str | None,
+        typer.Option(
+            help="Artifact root, a folder or s3://bucket/prefix; default: spec.registry.artifactStore "
+            "or WORK_DIR/artifacts."
+        ),
     ] = None,
     tracking_uri: Annotated[
         str | None,
@@ -97,7 +100,8 @@ def run(
 
     MANIFEST is a CompiledModel YAML file. Given a model file instead, kompile reads its inputs,
     compiles it for this machine and prints the manifest it used."""
-    from kompile.local_run import LocalRunSettings, execute
+    from kompile.artifact_store import local_path
+    from kompile.local_run import LocalRunSettings, execute, with_artifact_store
 
     written: str | None = None
     if starter_is_model(manifest):
@@ -112,10 +116,19 @@ def run(
 
             # A model file not named .onnx/.pt2 (a .pt): what it holds says more than YAML's error.
             raise _fail(unreadable_model_hint(manifest) or str(err)) from None
+    local_artifacts = None
+    if artifacts is not None:
+        if artifacts.startswith("s3://"):  # the store, as spec.registry.artifactStore names one
+            cm = with_artifact_store(cm, artifacts)
+        elif "://" in artifacts and not artifacts.startswith("file://"):
+            raise _fail(f"--artifacts {artifacts}: give a folder, file:///path or s3://bucket/prefix")
+        else:
+            local_artifacts = local_path(artifacts)
     settings = LocalRunSettings(
         manifest=manifest,
         work_dir=work_dir,
-        artifacts=artifacts,
+        artifacts=local_artifacts,
+        store_flag="spec.registry.artifactStore" if artifacts is None else "--artifacts",
         tracking_uri=tracking_uri,
         register=register,
         targets=target or None,

@@ -54,6 +54,17 @@ class LocalRunSettings:
     register: bool
     targets: list[str] | None
     json_out: bool
+    store_flag: str = "spec.registry.artifactStore"
+    """What named the artifact store, for messages: the field, or --artifacts over it."""
+
+
+def with_artifact_store(cm: CompiledModel, store: str) -> CompiledModel:
+    """The model with spec.registry.artifactStore set to `store` (an s3:// root given on the
+    command line): published, probed and pointed at as one the manifest names."""
+    from kompile.api.spec_rollout import Registry
+
+    registry = (cm.spec.registry or Registry()).model_copy(update={"artifact_store": store})
+    return cm.model_copy(update={"spec": cm.spec.model_copy(update={"registry": registry})})
 
 
 class RichReporter:
@@ -169,7 +180,7 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     problem = _unknown_targets(cm, s.targets) or _unwritable(s.work_dir, "--work-dir")
     artifact_root = _artifact_root(cm, s)
     via = "--artifacts" if s.artifacts is not None else "spec.registry.artifactStore"
-    problem = problem or _unwritable(artifact_root, via) or _unusable_store(cm)
+    problem = problem or _unwritable(artifact_root, via) or _unusable_store(cm, s.store_flag)
     if problem:
         return 2, problem
     s.work_dir.mkdir(parents=True, exist_ok=True)
@@ -183,7 +194,7 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
         return _run(cm, s, console, artifact_root)
 
 
-def _unusable_store(cm: CompiledModel) -> str | None:
+def _unusable_store(cm: CompiledModel, flag: str) -> str | None:
     """An s3:// artifact store whose bucket is not there or that refuses this shell's keys, found
     before the compile (its upload comes after it). An outage is left to the upload's retries."""
     registry = cm.spec.registry
@@ -193,7 +204,7 @@ def _unusable_store(cm: CompiledModel) -> str | None:
     try:
         probe_bucket(store, registry.s3_endpoint)
     except StoreDenied as err:
-        return f"spec.registry.artifactStore: {err}: {own_keys_hint(err.code)}"
+        return f"{flag}: {err}: {own_keys_hint(err.code)}"
     except StoreError:
         pass
     return None

@@ -148,6 +148,26 @@ def test_an_upload_to_a_missing_bucket_says_so(tmp_path: Path) -> None:
     assert caught.value.code == "NoSuchBucket" and own_keys_hint(caught.value.code), caught.value
 
 
+def test_no_keys_at_all_is_told_apart_from_refused_keys(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell with no AWS keys was told "the store refused these credentials"."""
+    import boto3
+
+    from kompile.artifact_store import probe_bucket
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    with pytest.raises(StoreDenied) as caught:
+        probe_bucket(f"s3://{STORE_BUCKET}/x", s3_server.endpoint)
+    hint = own_keys_hint(caught.value.code) or ""
+    assert "no S3 credentials" in hint and "refused" not in hint, hint
+
+
 def _operations(tmp_path: Path) -> dict[str, Callable[[str], object]]:
     tree = tmp_path / "upload"
     tree.mkdir()

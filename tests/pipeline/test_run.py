@@ -256,6 +256,29 @@ def test_s3_source_and_s3_artifact_store(
     assert missing.code == 2 and "download failed" in missing.stderr
 
 
+def test_artifacts_flag_takes_an_s3_root_as_the_store(
+    kompile_run, write_manifest, tmp_path: Path, s3_server, s3_env, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """`--artifacts s3://bucket/prefix` (its help: "default: spec.registry.artifactStore") was taken
+    as a local path: the artifacts went to a folder named "s3:" in the current directory."""
+    bucket = "cli-store"
+    s3_server.create_bucket(bucket)
+    monkeypatch.chdir(tmp_path)
+    res = kompile_run(write_manifest(small_cnn_doc()), "--no-register", "--artifacts", f"s3://{bucket}/a")
+    assert res.code == 0, res.stderr
+    uri = _target(res.status, "cpu-fp32")["artifact"]["uri"]
+    assert uri.startswith(f"s3://{bucket}/a/small/cpu-fp32-"), uri
+    keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]}
+    assert f"{uri.removeprefix(f's3://{bucket}/')}/small/1/model.onnx" in keys
+    assert any(k.startswith("a/latest/") for k in keys), keys
+    assert not (tmp_path / "s3:").exists()
+    other = kompile_run(write_manifest(small_cnn_doc()), "--artifacts", "gs://bucket/a")
+    assert other.code == 2 and "--artifacts" in other.stderr and "s3://" in other.stderr, other.stderr
+    missing = kompile_run(write_manifest(small_cnn_doc()), "--artifacts", "s3://no-such-bucket/a")
+    assert missing.code == 2 and "--artifacts" in missing.stderr, missing.stderr
+    assert "spec.registry.artifactStore" not in missing.stderr, missing.stderr
+
+
 def test_s3_refusals_say_what_to_check(
     kompile_run, write_manifest, tmp_path: Path, s3_server, s3_env, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
