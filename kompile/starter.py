@@ -8,12 +8,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
 from kompile.api.resource import API_VERSION, KIND
 from kompile.api.spec import InputSpec, static_batch
+from kompile.api.vocabulary import DNS_LABEL_PATTERN, NAME_MAX, TargetPrecision
 
 SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
 
@@ -63,6 +64,26 @@ def _dns_name(stem: str) -> str:
     return name or "model"
 
 
+def _check_flags(opts: StarterOptions) -> None:
+    """Flag values the manifest's schema would refuse, named as the flags: the user wrote no
+    spec.fleet.precisions[0]."""
+    from kompile.api.catalog import AUTO, CATALOG
+
+    allowed = get_args(TargetPrecision)
+    bad = [p for p in opts.precisions if p not in allowed]
+    if bad:
+        raise StarterError(f"--precision {', '.join(bad)}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
+    if opts.backend != AUTO and opts.backend not in CATALOG:
+        raise StarterError(f"--backend {opts.backend}: use {AUTO} or one of {', '.join(CATALOG)}")
+    if opts.name is not None and not (
+        re.fullmatch(DNS_LABEL_PATTERN, opts.name) and len(opts.name) <= NAME_MAX
+    ):
+        raise StarterError(
+            f"--name {opts.name}: a DNS label of at most {NAME_MAX} characters (lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit)"
+        )
+
+
 def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str, Any]:
     """The CompiledModel document for `model`, its source named `source_uri`."""
     from kompile.compile_jobs.signature import input_specs, read_signature
@@ -80,6 +101,7 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
             unreadable_model_hint(model)
             or f"{model}: kompile writes manifests for .onnx and .pt2 files and Hugging Face model folders"
         )
+    _check_flags(opts)
     inputs = read_signature(model, fmt)
     known = {s.name for i in inputs for s in i.shape if not isinstance(s, int)}
     unknown = sorted(set(opts.dims) - known)

@@ -172,6 +172,16 @@ def test_a_bad_model_file_or_flag_is_a_clear_error(tmp_path: Path) -> None:
     code, _, err = _cli("init", str(manifest))
     assert code == 2 and "is a manifest already" in err and f"kompile run {manifest}" in err, err
     assert manifest.read_text() == "apiVersion: kompile.dev/v1alpha1\n"
+    # A bad flag value is named as the flag, not as the field of a manifest the user never wrote.
+    model = _onnx(tmp_path)
+    for flag, value, said in (
+        ("--precision", "fp64", "--precision fp64: use fp32, fp16, bf16, int8 or auto"),
+        ("--backend", "tensorflow", "--backend tensorflow: use auto or one of"),
+        ("--name", "My_Model", "--name My_Model:"),
+    ):
+        code, _, err = _cli("run", str(model), flag, value)
+        text = " ".join(err.split())
+        assert code == 2 and said in text and "spec." not in text and "metadata." not in text, text
 
 
 def test_a_pytorch_file_kompile_cannot_read_says_what_it_holds_and_what_to_do(tmp_path: Path) -> None:
