@@ -21,8 +21,16 @@ from tests.pipeline.conftest import IMAGE, small_cnn_doc
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_an_mlpackage_per_precision_in_one_zip(precision: str, tmp_path: Path) -> None:
+def test_an_mlpackage_per_precision_in_one_zip(
+    precision: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
     from models.small import small_cnn
+
+    # coremltools converted into a tmp*.mlpackage of the system's temp folder, left there.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
 
     backend = get_backend("coreml")
     target = Target(name=f"mac-{precision}", backend="coreml", precision=precision)  # type: ignore[arg-type]
@@ -37,6 +45,11 @@ def test_an_mlpackage_per_precision_in_one_zip(precision: str, tmp_path: Path) -
     assert artifact.options["exportedStatic"] == "input=[1, 3, 32, 32]"
     with pytest.raises(BackendUnavailable, match="not validated: no Core ML runtime on this class"):
         backend.load(artifact)
+    del artifact
+    import gc
+
+    gc.collect()  # a model object coremltools would delete its package with is gone too
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_kompile_run_records_coreml_as_exported_beside_a_validated_target(

@@ -79,12 +79,17 @@ class CoreMlBackend(Backend):
                 program = torch.export.export(request.module.eval(), args).run_decompositions({})
             except EXPORT_ERRORS as err:
                 raise BackendError(describe_export_error(err, label, "a Core ML package")) from err
+            shutil.rmtree(package, ignore_errors=True)
             try:
-                model = ct.convert(
+                # Written where it belongs: without package_dir coremltools converts into a
+                # tmp*.mlpackage of the system's temp folder and leaves it there.
+                ct.convert(
                     program,
                     convert_to="mlprogram",
                     compute_precision=_PRECISION[target.precision],
                     compute_units=_UNITS[opts.compute_units],
+                    package_dir=str(package),
+                    skip_model_load=True,  # no Core ML runtime here: nothing to load it into
                 )
             except (*EXPORT_ERRORS, NotImplementedError) as err:
                 first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
@@ -92,8 +97,6 @@ class CoreMlBackend(Backend):
                     f"coremltools could not convert {label} at {target.precision}: {first}; replace the "
                     "operator it names, or export this model for another backend"
                 ) from err
-        shutil.rmtree(package, ignore_errors=True)
-        model.save(str(package))
         out = zip_folder(package, request.out_dir / "model.mlpackage.zip")
         return CompiledArtifact(
             backend=self.name, model_path=out, options=record, toolchain=self.installed_versions()
