@@ -347,7 +347,11 @@ class OperatorProcess:
             "KOMPILE_JOB_BACKOFF_LIMIT": "1",
             "KOMPILE_HEALTH_PORT": str(free_port()),
             "KOMPILE_METRICS_PORT": str(free_port()),
+            # MLflow stages each logged file in a temp folder: an operator killed mid-registration
+            # (the chaos tests) leaves it behind, here rather than in the machine's /tmp.
+            "TMPDIR": str(log_path.parent / f"{log_path.stem}-tmp"),
         }
+        (log_path.parent / f"{log_path.stem}-tmp").mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self.proc: ManagedProcess | None = None
 
