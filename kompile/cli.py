@@ -272,12 +272,13 @@ def compare(
             if o.top_k_agreement is None
             else f", top-{verdict.thresholds.top_k} agreement {o.top_k_agreement:.4f}"
         )
-        err_console.print(
-            f"  {o.name}: max abs error {o.max_abs_error:.3g}, max rel error {o.max_rel_error:.3g}, "
-            f"min cosine {o.cosine:.6f}{top}",
-            highlight=False,
-            soft_wrap=True,
+        figures = (
+            f"max abs error {o.max_abs_error:.3g}, max rel error {o.max_rel_error:.3g}, "
+            f"min cosine {o.cosine:.6f}{top}"
+            if o.agreement is None
+            else f"equal values {o.agreement:.4f} (integer or boolean: labels, masks)"
         )
+        err_console.print(f"  {o.name}: {figures}", highlight=False, soft_wrap=True)
     if (acc := verdict.task_accuracy) is not None:
         err_console.print(
             f"  accuracy on {acc.labelled} labels ({acc.output}): {acc.accuracy:.2f}% against "

@@ -351,8 +351,7 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
         )
     for t in status.targets:
         v = t.validation
-        err = max((o.max_abs_error for o in v.outputs), default=None) if v else None
-        cos = min((o.cosine for o in v.outputs), default=None) if v else None
+        err, cos = v.worst_float_figures() if v else (None, None)
         verdict = {
             "Succeeded": "[green]validated[/]",
             "Skipped": "[yellow]skipped[/]",

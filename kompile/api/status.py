@@ -89,6 +89,11 @@ class OutputCheck(ApiModel):
         default=None,
         description="k used for this output's agreement: the threshold's, capped at classes - 1.",
     )
+    agreement: float | None = Field(
+        default=None,
+        description="Share of values equal to the source's, for integer and boolean outputs "
+        "(predicted labels, masks), held to minTopKAgreement instead of the float bounds.",
+    )
     finite: bool = Field(description="False when the artifact produced NaN or Inf.")
 
 
@@ -126,6 +131,15 @@ class ValidationResult(ApiModel):
     task_accuracy: TaskAccuracy | None = Field(
         default=None, description="Accuracy against the labels, when the reference data has them."
     )
+
+    def worst_float_figures(self) -> tuple[float | None, float | None]:
+        """The largest max abs error and the smallest cosine over the float outputs, for a summary:
+        an integer or boolean output (a label) is judged by its equal values instead."""
+        floats = [o for o in self.outputs if o.agreement is None]
+        return (
+            max((o.max_abs_error for o in floats), default=None),
+            min((o.cosine for o in floats), default=None),
+        )
 
 
 class Artifact(ApiModel):

@@ -73,7 +73,13 @@ def eager_outputs(
                     f"{f' (at {at})' if at else ''}; {_dtype_hint(module, signature)}"
                     "check spec.inputs (names, dtypes, shapes) against the model's forward()"
                 ) from None
-            results.append([t.detach().float().cpu().numpy() for t in flatten_outputs(out)])
+            # Integer and boolean outputs (labels, masks) stay so: validation holds them to equality.
+            results.append(
+                [
+                    (t.detach().float() if t.is_floating_point() else t.detach()).cpu().numpy()
+                    for t in flatten_outputs(out)
+                ]
+            )
     return results
 
 

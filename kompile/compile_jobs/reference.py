@@ -50,5 +50,9 @@ class OnnxReferenceRunner:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Feed) -> list[np.ndarray[Any, Any]]:
-        outs = self.session.run(self.output_names, feeds)
-        return [np.asarray(o, dtype=np.float32) for o in outs]
+        outs = [np.asarray(o) for o in self.session.run(self.output_names, feeds)]
+        # Integer and boolean outputs (labels, masks) stay so: validation holds them to equality.
+        return [
+            o if o.dtype == np.bool_ or np.issubdtype(o.dtype, np.integer) else o.astype(np.float32)
+            for o in outs
+        ]

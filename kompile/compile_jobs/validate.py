@@ -92,7 +92,10 @@ def compare(
         if problems:
             checks.append(_broken(name, pairs))
             continue
-        check = _measure(name, pairs, thresholds, _is_class_score(pairs[0][0], task))
+        if _categorical(reference, j):
+            check = _measure_categorical(name, pairs)
+        else:
+            check = _measure(name, pairs, thresholds, _is_class_score(pairs[0][0], task))
         checks.append(check)
         failures.extend(_missed(check, thresholds))
     accuracy = None
@@ -229,6 +232,27 @@ def _is_class_score(ref: Array, task: Task) -> bool:
     return ref.ndim == 2 and ref.shape[1] >= 2
 
 
+def _categorical(reference: Sequence[Sequence[Array]], j: int) -> bool:
+    """An integer or boolean output of the source (a predicted label, a mask): its values are
+    answers, equal or not. As floats, label 7 for the source's 3 has cosine 1.0."""
+    first = next((np.asarray(s[j]) for s in reference if j < len(s)), None)
+    return first is not None and (np.issubdtype(first.dtype, np.integer) or first.dtype == np.bool_)
+
+
+def _measure_categorical(name: str, pairs: list[tuple[Array, Array]]) -> OutputCheck:
+    equal = np.concatenate([(c == r).reshape(-1) for r, c in pairs])
+    diff = max((float(np.abs(c - r).max(initial=0.0)) for r, c in pairs), default=0.0)
+    cosines = [x for r, c in pairs for x in row_cosines(r, c)]
+    return OutputCheck(
+        name=name,
+        max_abs_error=diff,
+        max_rel_error=0.0 if diff == 0.0 else float("inf"),
+        cosine=min(cosines) if cosines else 1.0,
+        agreement=float(equal.mean()) if equal.size else 1.0,
+        finite=all(bool(np.isfinite(c).all()) for _, c in pairs),
+    )
+
+
 def _measure(
     name: str, pairs: list[tuple[Array, Array]], thresholds: Thresholds, classify: bool
 ) -> OutputCheck:
@@ -308,6 +332,13 @@ def _missed(check: OutputCheck, t: Thresholds) -> list[str]:
     if not check.finite:
         return [f"output {name!r}: the artifact produced NaN or Inf"]
     out: list[str] = []
+    if check.agreement is not None:  # integer or boolean values: equal or not, nothing else
+        limit = 1.0 if t.min_top_k_agreement is None else t.min_top_k_agreement
+        if check.agreement < limit:
+            out.append(
+                f"output {name!r}: {check.agreement:.3f} of its values equal the source's < limit {limit:.3f}"
+            )
+        return out
     if t.max_abs_error is not None and check.max_abs_error > t.max_abs_error:
         out.append(f"output {name!r}: max abs error {check.max_abs_error:.3g} > limit {t.max_abs_error:.3g}")
     if t.max_rel_error is not None and check.max_rel_error > t.max_rel_error:

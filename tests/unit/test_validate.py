@@ -210,3 +210,47 @@ def test_labels_need_a_class_score_output_of_their_length() -> None:
     batched = [[np.eye(4, dtype=np.float32)]]
     ok = compare(batched, batched, ["logits"], default_thresholds("fp32"), labels=np.arange(4))
     assert ok.passed and ok.task_accuracy is not None and ok.task_accuracy.reference == 100.0
+
+
+def test_integer_and_boolean_outputs_are_held_to_exact_agreement() -> None:
+    """A predicted label (argmax, int64) or a mask (bool) was compared as floats: label 7 for the
+    source's 3 has cosine 1.0 (two positive scalars), and int8 sets no element bound, so an
+    artifact that changed every prediction passed."""
+    labels = [[np.array([3], dtype=np.int64)] for _ in range(4)]
+    changed = [[np.array([7.0], dtype=np.float32)] for _ in range(4)]  # as a runner returns them
+    int8 = default_thresholds("int8")
+    verdict = compare(labels, changed, ["label"], int8)
+    assert not verdict.passed, verdict
+    assert verdict.outputs[0].agreement == 0.0
+    assert verdict.failures == ["output 'label': 0.000 of its values equal the source's < limit 0.900"]
+    same = compare(labels, [[a.astype(np.float32) for a in s] for s in labels], ["label"], int8)
+    assert same.passed and same.outputs[0].agreement == 1.0
+    # A summary's worst error and cosine are the float outputs': a flipped label is no "error 4".
+    scores = [[np.array([[0.1, 0.9]], np.float32)] for _ in range(4)]
+    ref = [s + r for s, r in zip(scores, labels, strict=True)]
+    both = compare(ref, [s + c for s, c in zip(scores, changed, strict=True)], ["scores", "label"], int8)
+    assert both.worst_float_figures() == (0.0, pytest.approx(1.0))
+    # A mask: one element in ten may change at int8 (its top-k limit, 0.9), not two.
+    mask = np.arange(10) % 2 == 0
+    ref = [[mask[None, :]]]
+    one, two = mask.copy(), mask.copy()
+    one[0] = not one[0]
+    two[:2] = ~two[:2]
+    assert compare(ref, [[one[None, :]]], ["mask"], int8).passed
+    missed = compare(ref, [[two[None, :]]], ["mask"], int8)
+    assert not missed.passed and missed.outputs[0].top_k_agreement is None  # no top-k of booleans
+
+
+def test_the_eager_reference_keeps_integer_outputs_integer() -> None:
+    import torch
+
+    from kompile.api.spec import InputSpec
+    from kompile.compile_jobs.export import eager_outputs
+
+    class Argmax(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return x, x.argmax(-1), x > 0
+
+    spec = InputSpec(name="x", shape=[1, 4])
+    (outs,) = eager_outputs(Argmax(), [{"x": np.ones((1, 4), np.float32)}], [spec])
+    assert [o.dtype for o in outs] == [np.float32, np.int64, np.bool_]
