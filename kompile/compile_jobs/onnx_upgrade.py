@@ -27,49 +27,87 @@ def default_opset(model: Any) -> int:
     return next((o.version for o in model.opset_import if o.domain in STANDARD_DOMAINS), OPSET)
 
 
-@functools.cache
-def ort_max_ir_version() -> int:
-    """The newest ONNX IR version this ONNX Runtime loads, found by loading a one-node graph: the
-    `onnx` package writes a newer one than its ONNX Runtime reads (IR 14 against 13 in the pinned
-    pair), and ONNX Runtime publishes no constant for it."""
-    import onnx
+def _loads(ir_version: int, opset: int) -> bool:
+    """Whether this ONNX Runtime loads a one-node graph stamped with these versions."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y")]
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", io[:1], io[1:])
-    for version in range(onnx.IR_VERSION, 7, -1):
-        probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=version)
-        try:
-            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        except Fail:
-            continue
-        return version
-    return 7
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+    try:
+        ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Fail:
+        return False
+    return True
 
 
-def _ir_note(was: int) -> str:
+# The `onnx` package writes newer versions than its ONNX Runtime reads (IR 14 and opset 28 against
+# 13 and 26 in the pinned pair: `helper.make_model` stamps its newest), and ONNX Runtime publishes
+# no constant for either: each is found once by loading a one-node graph.
+@functools.cache
+def ort_max_ir_version() -> int:
+    """The newest ONNX IR version this ONNX Runtime loads."""
+    import onnx
+
+    return next((v for v in range(onnx.IR_VERSION, 7, -1) if _loads(v, MIN_OPSET)), 7)
+
+
+@functools.cache
+def ort_max_opset() -> int:
+    """The newest default-domain opset this ONNX Runtime loads."""
+    from onnx import defs
+
+    newest = defs.onnx_opset_version()
+    return next((v for v in range(newest, OPSET, -1) if _loads(ort_max_ir_version(), v)), OPSET)
+
+
+def within_ort(model: Any) -> tuple[Any, list[str]]:
+    """The model stamped with versions ONNX Runtime loads, and a note per change: a newer IR version
+    written as its newest (the graph unchanged), a newer opset converted down by onnx's version
+    converter (for most graphs only the stamp changes). The model itself when both are within."""
+    import onnx
+    import onnx.version_converter
     import onnxruntime as ort
 
-    return (
-        f"IR version {was} written as {ort_max_ir_version()}, the newest ONNX Runtime "
-        f"{ort.__version__} reads (the graph is unchanged)"
-    )
+    notes: list[str] = []
+    runtime = f"ONNX Runtime {ort.__version__}"
+    if model.ir_version > ort_max_ir_version():
+        notes.append(
+            f"IR version {model.ir_version} written as {ort_max_ir_version()}, the newest {runtime} "
+            "reads (the graph is unchanged)"
+        )
+        model.ir_version = ort_max_ir_version()
+    opset, top = default_opset(model), ort_max_opset()
+    if opset > top:
+        try:
+            converted = onnx.version_converter.convert_version(model, top)
+        except (RuntimeError, ValueError, onnx.checker.ValidationError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            notes.append(
+                f"kept at opset {opset}, newer than {runtime} reads ({top}): onnx's version converter "
+                f"cannot lower it ({reason}); export the model at opset {top}"
+            )
+        else:
+            converted.ir_version = min(converted.ir_version, ort_max_ir_version())
+            model = converted
+            notes.append(f"opset {opset} converted to {top}, the newest {runtime} reads")
+    return model, notes
 
 
 def readable_copy(path: Path, model: Any, folder: Path) -> tuple[Path, str | None]:
-    """`path` when ONNX Runtime loads its IR version; otherwise a copy in `folder` that says the
-    newest one it reads, its external data files linked at their relative locations, and a note
+    """`path` when ONNX Runtime loads its versions; otherwise a copy in `folder` stamped within
+    them (within_ort), its external data files linked at their relative locations, and a note
     (the working copy's note says it to the user). For the reference, which is the file as given:
-    only the version number differs."""
+    only the version stamps differ."""
     import onnx
 
-    if model.ir_version <= ort_max_ir_version():
+    if model.ir_version <= ort_max_ir_version() and default_opset(model) <= ort_max_opset():
         return path, None
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    copy.ir_version = ort_max_ir_version()
+    copy, notes = within_ort(copy)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     onnx.save_model(copy, str(folder / path.name))
@@ -80,7 +118,7 @@ def readable_copy(path: Path, model: Any, folder: Path) -> tuple[Path, str | Non
             os.link(path.parent / name, dest)
         except OSError:  # another file system: the weights are copied
             shutil.copyfile(path.parent / name, dest)
-    return folder / path.name, f"{path.name}: {_ir_note(model.ir_version)}"
+    return folder / path.name, f"{path.name}: {'; '.join(notes)}"
 
 
 def upgrade(model: Any) -> tuple[Any, list[str]]:
@@ -89,16 +127,12 @@ def upgrade(model: Any) -> tuple[Any, list[str]]:
     import onnx
     import onnx.version_converter
 
-    notes: list[str] = []
+    model, notes = within_ort(model)
     weights = {t.name for t in model.graph.initializer}
     as_inputs = [i for i in model.graph.input if i.name in weights]
     opset = default_opset(model)
-    newer = model.ir_version > ort_max_ir_version()
-    if not as_inputs and opset >= MIN_OPSET and not newer:
+    if not as_inputs and opset >= MIN_OPSET:
         return model, notes
-    if newer:
-        notes.append(_ir_note(model.ir_version))
-        model.ir_version = ort_max_ir_version()
     if as_inputs:
         # An input may be fed at run time, so no runtime folds or fuses it; kompile's signature never
         # feeds one. IR 4 is the first that allows an initializer outside graph.input.

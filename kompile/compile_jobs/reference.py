@@ -3,6 +3,7 @@ so validation measures what the compiler changed, not the runtime."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ class OnnxReferenceRunner:
             # the user's to change, not kompile's bug.
             said = str(err).strip().splitlines()[0]
             said = said.rpartition(" failed:")[2] or said
+            # Without its source location and C++ signature ("/onnxruntime_src/...h:46 void f(...)").
+            said = re.sub(r"^\s*/\S+:\d+ [^(]*\([^)]*\)\s*", "", said)
             fix = (
                 "export it with standard ONNX operators only (ai.onnx, ai.onnx.ml, com.microsoft)"
                 if "is not a registered function/op" in said

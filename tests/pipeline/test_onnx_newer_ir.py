@@ -54,6 +54,38 @@ def test_a_model_saved_with_a_newer_ir_version_compiles_and_validates(
     assert path.read_bytes() == before  # the user's file is never rewritten
 
 
+def test_a_model_at_the_onnx_packages_default_opset_compiles_and_validates(
+    kompile_run: Callable[..., Any], write_manifest: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`helper.make_model` without opset_imports stamps the onnx package's newest opset (28 with
+    the pinned onnx), one ONNX Runtime calls "under development" and refuses (it takes 26)."""
+    import numpy as np
+    from onnx import defs, numpy_helper
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 32, 32])
+    y = helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10])
+    weights = np.random.default_rng(0).standard_normal((3 * 32 * 32, 10)).astype(np.float32)
+    nodes = [
+        helper.make_node("Flatten", ["input"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["logits"]),
+        helper.make_node("Relu", ["logits"], ["prob"]),
+    ]
+    graph = helper.make_graph(nodes, "dense", [x], [y], [numpy_helper.from_array(weights, "w")])
+    path = tmp_path / "dense.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    newest = defs.onnx_opset_version()
+    assert newest > onnx_upgrade.ort_max_opset()  # what makes this test mean anything
+    targets = [
+        {"name": "ort", "backend": "onnxruntime", "precision": "fp32"},
+        {"name": "ov", "backend": "openvino", "precision": "fp32"},
+    ]
+    res = kompile_run(write_manifest(_manifest(path, targets)))
+    assert res.code == 0, res.stderr
+    phases = {t["name"]: t["phase"] for t in json.loads(res.stdout)["targets"]}
+    assert phases == {"ort": "Succeeded", "ov": "Succeeded"}, res.stderr
+    assert f"opset {newest}" in res.stderr, res.stderr
+
+
 def test_a_graph_onnx_runtime_cannot_load_is_the_users_to_fix(
     kompile_run: Callable[..., Any], write_manifest: Callable[..., Path], tmp_path: Path
 ) -> None:
