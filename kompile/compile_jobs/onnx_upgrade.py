@@ -67,8 +67,6 @@ def within_ort(model: Any) -> tuple[Any, list[str]]:
     """The model stamped with versions ONNX Runtime loads, and a note per change: a newer IR version
     written as its newest (the graph unchanged), a newer opset converted down by onnx's version
     converter (for most graphs only the stamp changes). The model itself when both are within."""
-    import onnx
-    import onnx.version_converter
     import onnxruntime as ort
 
     notes: list[str] = []
@@ -81,10 +79,8 @@ def within_ort(model: Any) -> tuple[Any, list[str]]:
         model.ir_version = ort_max_ir_version()
     opset, top = default_opset(model), ort_max_opset()
     if opset > top:
-        try:
-            converted = onnx.version_converter.convert_version(model, top)
-        except (RuntimeError, ValueError, onnx.checker.ValidationError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        converted, reason = _converted(model, top)
+        if converted is None:
             notes.append(
                 f"kept at opset {opset}, newer than {runtime} reads ({top}): onnx's version converter "
                 f"cannot lower it ({reason}); export the model at opset {top}"
@@ -94,6 +90,17 @@ def within_ort(model: Any) -> tuple[Any, list[str]]:
             model = converted
             notes.append(f"opset {opset} converted to {top}, the newest {runtime} reads")
     return model, notes
+
+
+def _converted(model: Any, opset: int) -> tuple[Any | None, str]:
+    """The model converted to `opset` by onnx's version converter, or None and why it cannot."""
+    import onnx
+    import onnx.version_converter
+
+    try:
+        return onnx.version_converter.convert_version(model, opset), ""
+    except (RuntimeError, ValueError, onnx.checker.ValidationError) as err:
+        return None, (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def readable_copy(path: Path, model: Any, folder: Path) -> tuple[Path, str | None]:
@@ -124,9 +131,6 @@ def readable_copy(path: Path, model: Any, folder: Path) -> tuple[Path, str | Non
 def upgrade(model: Any) -> tuple[Any, list[str]]:
     """The model in a form every backend reads, and one note per change made; the model itself when
     nothing needs changing. Changes the ModelProto it is given (the caller's parsed copy)."""
-    import onnx
-    import onnx.version_converter
-
     model, notes = within_ort(model)
     weights = {t.name for t in model.graph.initializer}
     as_inputs = [i for i in model.graph.input if i.name in weights]
@@ -142,16 +146,15 @@ def upgrade(model: Any) -> tuple[Any, list[str]]:
         model.ir_version = max(model.ir_version, 4)
         notes.append(f"{len(as_inputs)} weight(s) also listed as graph inputs are taken as constants")
     if opset < MIN_OPSET:
-        try:
-            model = onnx.version_converter.convert_version(model, OPSET)
-        except (RuntimeError, ValueError, onnx.checker.ValidationError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        converted, reason = _converted(model, OPSET)
+        if converted is None:
             notes.append(
                 f"kept at opset {opset}: onnx's version converter cannot upgrade it ({reason}); "
                 f"int8 ONNX Runtime and IREE need opset {MIN_OPSET} and may refuse it: re-export the "
                 f"model at opset {OPSET} to use them"
             )
         else:
+            model = converted
             notes.append(
                 f"upgraded from opset {opset} to {OPSET} (ONNX Runtime's int8 and IREE need {MIN_OPSET}); "
                 "validation still compares every artifact with the file as given"
