@@ -207,6 +207,7 @@ def _full_status() -> CompiledModelStatus:
                 cosine=0.99987,
                 top_k_agreement=1.0,
                 top_k=5,
+                agreement=1.0,  # set on an integer output only: here so that pruning it is caught
                 finite=True,
             )
         ],
