@@ -103,6 +103,7 @@ class PlannedTarget:
 
 def _candidate_status(c: TargetStatus, built: BuiltTarget | None, selected: bool) -> CandidateStatus:
     v = c.validation
+    worst = v.worst_float_figures() if v else (None, None)
     return CandidateStatus(
         name=c.name,
         backend=c.backend,
@@ -113,8 +114,8 @@ def _candidate_status(c: TargetStatus, built: BuiltTarget | None, selected: bool
         selected=selected,
         options=dict(built.artifact.options) if built else None,
         compile_seconds=c.compile_seconds,
-        max_abs_error=v.worst_float_figures()[0] if v else None,
-        min_cosine=v.worst_float_figures()[1] if v else None,
+        max_abs_error=worst[0],
+        min_cosine=worst[1],
         accuracy=v.task_accuracy.accuracy if v and v.task_accuracy else None,
         accuracy_drop=v.task_accuracy.drop if v and v.task_accuracy else None,
         latency=list(c.latency),

@@ -103,18 +103,18 @@ def _converted(model: Any, opset: int) -> tuple[Any | None, str]:
         return None, (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def readable_copy(path: Path, model: Any, folder: Path) -> tuple[Path, str | None]:
+def readable_copy(path: Path, model: Any, folder: Path) -> Path:
     """`path` when ONNX Runtime loads its versions; otherwise a copy in `folder` stamped within
-    them (within_ort), its external data files linked at their relative locations, and a note
-    (the working copy's note says it to the user). For the reference, which is the file as given:
-    only the version stamps differ."""
+    them (within_ort), its external data files linked at their relative locations. For the
+    reference, which is the file as given: only the version stamps differ (the working copy's
+    notes tell the user)."""
     import onnx
 
     if model.ir_version <= ort_max_ir_version() and default_opset(model) <= ort_max_opset():
-        return path, None
+        return path
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    copy, notes = within_ort(copy)
+    copy, _ = within_ort(copy)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     onnx.save_model(copy, str(folder / path.name))
@@ -125,7 +125,7 @@ def readable_copy(path: Path, model: Any, folder: Path) -> tuple[Path, str | Non
             os.link(path.parent / name, dest)
         except OSError:  # another file system: the weights are copied
             shutil.copyfile(path.parent / name, dest)
-    return folder / path.name, f"{path.name}: {'; '.join(notes)}"
+    return folder / path.name
 
 
 def upgrade(model: Any) -> tuple[Any, list[str]]:

@@ -241,12 +241,12 @@ def _reference_feeds(cm: CompiledModel, base_dir: Path) -> tuple[list[inputs.Fee
 
 def _onnx_reference(onnx_path: Path, threads: int, folder: Path) -> Runner:
     """For ONNX sources the reference is the source graph on ONNX Runtime with no optimization;
-    from a copy in `folder` when only its IR version is newer than ONNX Runtime reads."""
+    from a copy in `folder` when its IR version or opset is newer than ONNX Runtime reads."""
     from kompile.compile_jobs.onnx_upgrade import readable_copy
     from kompile.compile_jobs.reference import OnnxReferenceRunner
     from kompile.compile_jobs.source_files import read_onnx_graph
 
-    path, _ = readable_copy(onnx_path, read_onnx_graph(onnx_path), folder)
+    path = readable_copy(onnx_path, read_onnx_graph(onnx_path), folder)
     return OnnxReferenceRunner(path, threads, shown=onnx_path)
 
 
@@ -272,13 +272,14 @@ def _reference_results(
     dataset = cm.spec.validation.dataset
     if dataset and fed:
         raise sources.SourceError(
-            f"spec.validation.dataset {dataset}: its inputs hold NaN or Inf at {_samples(fed)} (axis 0), "
+            f"spec.validation.dataset {dataset}: its inputs hold NaN or Inf at "
+            f"sample{'s' if len(fed) > 1 else ''} {_indices(fed)} (axis 0), "
             "where the source model's outputs are NaN or Inf too: nothing can be validated against "
             "them; drop or fix those samples"
         )
     raise sources.SourceError(
         f"the source model {loaded.label} itself yields NaN or Inf on {len(bad)} of {len(feeds)} "
-        f"samples ({_samples(bad).removeprefix('samples ').removeprefix('sample ')}): nothing can be "
+        f"samples ({_indices(bad)}): nothing can be "
         "validated against it; check the model's weights or the input ranges (spec.inputs low/high)"
     )
 
@@ -287,9 +288,8 @@ def _finite(a: np.ndarray[Any, Any]) -> bool:
     return not np.issubdtype(a.dtype, np.floating) or bool(np.isfinite(a).all())
 
 
-def _samples(indices: Sequence[int]) -> str:
-    shown = ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
-    return f"sample {shown}" if len(indices) == 1 else f"samples {shown}"
+def _indices(indices: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
 
 
 def _benchmark(
