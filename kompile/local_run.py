@@ -100,9 +100,11 @@ def _unknown_targets(cm: CompiledModel, wanted: list[str] | None) -> str | None:
     )
 
 
-def _unwritable(folder: Path, flag: str) -> str | None:
+def _unwritable(folder: Path, flag: str, source: str | None = None) -> str | None:
     """A folder the run cannot create or write into, named before any work (not after a compile).
-    What is made to find out is removed again: a run refused later leaves nothing behind."""
+    `source` says where the folder came from when not from `flag` itself (a manifest field, a
+    default). What is made to find out is removed again: a run refused later leaves nothing behind."""
+    where = source or flag
     target = folder.absolute()
     made = None if target.exists() else target
     while made is not None and not made.parent.exists():
@@ -110,12 +112,12 @@ def _unwritable(folder: Path, flag: str) -> str | None:
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        return f"cannot create {folder} ({flag}): {err.strerror}; give {flag} a folder you can write"
+        return f"cannot create {folder} ({where}): {err.strerror}; give {flag} a folder you can write"
     writable = os.access(target, os.W_OK | os.X_OK)
     if made is not None:
         shutil.rmtree(made, ignore_errors=True)
     if not writable:
-        return f"cannot write into {folder} ({flag}): permission denied; give {flag} a folder you can write"
+        return f"cannot write into {folder} ({where}): permission denied; give {flag} a folder you can write"
     return None
 
 
@@ -127,6 +129,17 @@ def _artifact_root(cm: CompiledModel, s: LocalRunSettings) -> Path:
         path = local_path(store)
         return path if path.is_absolute() else (s.manifest.parent / path).resolve()
     return (s.work_dir / "artifacts").resolve()
+
+
+def _artifact_root_source(cm: CompiledModel, s: LocalRunSettings) -> str | None:
+    """Where the artifact folder was named, for an error about it: the flag, the manifest, or the
+    default under the work dir (moved by either flag)."""
+    if s.artifacts is not None:
+        return None
+    store = cm.spec.registry.artifact_store if cm.spec.registry else None
+    if store and not store.startswith("s3://"):
+        return "spec.registry.artifactStore"
+    return "the default under --work-dir"
 
 
 def _tracking_uri(cm: CompiledModel, s: LocalRunSettings) -> str:
@@ -179,8 +192,11 @@ def execute(cm: CompiledModel, s: LocalRunSettings, console: Console) -> tuple[i
     """Run and report. Returns (exit code, error message for bad input or None)."""
     problem = _unknown_targets(cm, s.targets) or _unwritable(s.work_dir, "--work-dir")
     artifact_root = _artifact_root(cm, s)
-    via = "--artifacts" if s.artifacts is not None else "spec.registry.artifactStore"
-    problem = problem or _unwritable(artifact_root, via) or _unusable_store(cm, s.store_flag)
+    problem = (
+        problem
+        or _unwritable(artifact_root, "--artifacts", _artifact_root_source(cm, s))
+        or _unusable_store(cm, s.store_flag)
+    )
     if problem:
         return 2, problem
     s.work_dir.mkdir(parents=True, exist_ok=True)

@@ -51,3 +51,15 @@ def test_a_second_run_in_the_same_work_dir_waits_its_turn(kompile_run, write_man
     # Released (the first run ended): the next run goes ahead.
     res = kompile_run(write_manifest(small_cnn_doc()), "--no-register")
     assert res.code == 0, res.stderr
+
+
+def test_the_default_artifact_folder_names_its_flags(kompile_run, write_manifest, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With no store given, artifacts go to the work dir's `artifacts` folder: when that cannot be
+    made, the error named spec.registry.artifactStore, a field the manifest does not have."""
+    work = tmp_path / ".kompile"
+    work.mkdir()
+    (work / "artifacts").write_text("a file where the folder goes")
+    res = kompile_run(write_manifest(small_cnn_doc()), "--no-register")
+    assert res.code == 2, res.stderr
+    assert f"cannot create {work / 'artifacts'}" in res.stderr, res.stderr
+    assert "--artifacts" in res.stderr and "artifactStore" not in res.stderr, res.stderr
