@@ -130,11 +130,25 @@ def _torch_save_content(path: Path) -> str:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, ValueError, OSError, EOFError, AttributeError, ImportError):
         obj = None  # weights_only refuses code: a pickled module or other object
-    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if _is_state_dict(obj):
         return f"a state_dict ({len(obj)} tensors saved with torch.save): weights without the model's code"
+    held = [k for k, v in obj.items() if _is_state_dict(v)] if isinstance(obj, dict) else []
+    if held:
+        # The layout PyTorch's tutorials save: the state_dict beside the epoch, optimizer, loss.
+        keys = ", ".join(repr(k) for k in held)
+        return (
+            f"a training checkpoint (a dict with {len(obj)} entries) whose state_dict is under {keys}: "
+            "weights without the model's code"
+        )
     cls = _first_class(path)
     what = f" ({cls})" if cls else ""
     return f"a pickled Python object{what} saved with torch.save, which kompile does not unpickle"
+
+
+def _is_state_dict(obj: object) -> bool:
+    import torch
+
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
 def _first_class(path: Path) -> str | None:

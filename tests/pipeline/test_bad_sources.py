@@ -100,6 +100,14 @@ def state_dict_pt(d: Path) -> Path:
     return p
 
 
+def training_checkpoint_pt(d: Path) -> Path:
+    """The layout PyTorch's tutorials save: a dict holding the state_dict beside the epoch and the
+    optimizer's state. It was called "a pickled Python object (collections.OrderedDict)"."""
+    p = d / "checkpoint.pt"
+    torch.save({"epoch": 3, "model_state_dict": _model().state_dict(), "loss": 0.25}, p)
+    return p
+
+
 def pickled_module_pth(d: Path) -> Path:
     p = d / "model.pth"
     torch.save(_model(), p)
@@ -132,6 +140,10 @@ CASES: list[tuple[Callable[[Path], Path], list[str]]] = [
     (pt2_from_another_torch, ["future.pt2", "torch 9.9.0", "schema 99", "torch.export.save"]),
     (torchscript_broken, ["broken.pt", "expected TorchScript", "cannot be loaded"]),
     (state_dict_pt, ["weights.pt", "expected TorchScript", "state_dict", ".pt2", "python://"]),
+    (
+        training_checkpoint_pt,
+        ["checkpoint.pt", "training checkpoint", "'model_state_dict'", "state_dict", ".pt2", "python://"],
+    ),
     (pickled_module_pth, ["model.pth", "expected TorchScript", "pickled", ".pt2", "python://"]),
     (empty_onnx, ["empty.onnx", "is empty (0 bytes)", "expected an ONNX model"]),
     (onnx_named_pt2, ["really_onnx.pt2", "expected a torch.export archive", "holds an ONNX model"]),
