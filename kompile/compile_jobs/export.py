@@ -61,6 +61,8 @@ def eager_outputs(
             try:
                 out = module(*to_torch(feed, signature))
             except Exception as err:  # noqa: BLE001 - the model's own code failed: say where
+                from kompile.compile_jobs.source_module import forward_hint
+
                 kind = (
                     ""
                     if isinstance(err, (RuntimeError, TypeError, ValueError))
@@ -71,6 +73,7 @@ def eager_outputs(
                     f"{module_label(module)} failed on inputs shaped "
                     f"{ {k: list(v.shape) for k, v in feed.items()} }: {kind}{_first_line(err)}"
                     f"{f' (at {at})' if at else ''}; {_dtype_hint(module, signature)}"
+                    f"{forward_hint(module, [s.name for s in signature])}"
                     "check spec.inputs (names, dtypes, shapes) against the model's forward()"
                 ) from None
             # Integer and boolean outputs (labels, masks) stay so: validation holds them to equality.

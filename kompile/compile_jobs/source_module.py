@@ -8,19 +8,24 @@ values for argument 'use_cache'"), and a spec listing token_type_ids before atte
 feed one as the other. Its output is a ModelOutput (a dict), and a plain dict of heads is common
 too: the ONNX exporter and torch.export order a dict's values as written, JAX by sorted key, so
 the reference, each artifact and each runtime would disagree on which output is which. One flat
-tuple, in torch's own pytree order (as written), leaves nothing to disagree about.
+tuple, in torch's own pytree order (as written), leaves nothing to disagree about. A forward
+taking one dict of tensors (forward(batch), as training loops hand a batch over) gets the inputs
+as that dict, keyed by their spec.inputs names.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils import _pytree as pytree
 
 from kompile.api.spec import InputSpec
+
+CallStyle = Literal["positional", "keywords", "dict"]
+"""How the inputs reach forward(): in spec order, by their names, or as one dict of them."""
 
 
 def _by_name(module: Any, names: Sequence[str]) -> bool:
@@ -34,6 +39,59 @@ def _by_name(module: Any, names: Sequence[str]) -> bool:
     if not set(names) <= set(named):
         return False
     return [p.name for p in params if p.kind is not p.VAR_KEYWORD] != list(names)
+
+
+def _required_params(module: Any) -> list[str] | None:
+    """forward()'s parameters a call must fill (None when it has no readable signature)."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [
+        p.name
+        for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+
+
+def _takes_one_dict(module: Any, names: Sequence[str]) -> bool:
+    """forward(batch): one parameter to fill, named for none of the inputs."""
+    required = _required_params(module)
+    return required is not None and len(required) == 1 and required[0] not in names
+
+
+def forward_hint(module: Any, names: Sequence[str]) -> str:
+    """How forward() was called, when its parameters are not the spec's inputs (for an error whose
+    cause is often that mismatch); "" when they agree or forward has no readable signature."""
+    style: CallStyle = module.style if isinstance(module, SourceModule) else "positional"
+    inner = module.inner if isinstance(module, SourceModule) else module
+    required = _required_params(inner)
+    if required is None or required == list(names):
+        return ""
+    how = {"positional": "in that order", "keywords": "by name", "dict": "as one dict keyed by name"}[style]
+    dict_note = (
+        " (for a forward taking one dict, name spec.inputs for the keys it reads)"
+        if style == "positional" and _takes_one_dict(inner, names)
+        else ""
+    )
+    return f"forward({', '.join(required)}) was called with spec.inputs {', '.join(names)} {how}{dict_note}; "
+
+
+def _call(module: Any, style: CallStyle, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> Any:
+    if style == "keywords":
+        return module(**dict(zip(names, tensors, strict=True)))
+    if style == "dict":
+        return module(dict(zip(names, tensors, strict=True)))
+    return module(*tensors)
+
+
+def _tried(module: Any, style: CallStyle, names: Sequence[str], example: Sequence[torch.Tensor]) -> Any:
+    """The module's output on the example called in `style`, None when it fails."""
+    try:
+        with torch.inference_mode():
+            return _call(module, style, names, example)
+    except Exception:  # noqa: BLE001 - the reference run reports the model's failure, with its line
+        return None
 
 
 def _flat(out: Any) -> bool:
@@ -72,12 +130,12 @@ class SourceModule(torch.nn.Module):  # type: ignore[misc]
     names_outputs = True  # export.names_for_outputs serves the outputs under leaf_names
 
     def __init__(
-        self, inner: torch.nn.Module, names: Sequence[str], by_name: bool, leaves: list[str] | None = None
+        self, inner: torch.nn.Module, names: Sequence[str], style: CallStyle, leaves: list[str] | None = None
     ) -> None:
         super().__init__()
         self.inner = inner
         self.names = list(names)
-        self.by_name = by_name
+        self.style: CallStyle = style
         self.leaf_names = leaves
 
     def train(self, mode: bool = True) -> SourceModule:
@@ -87,11 +145,7 @@ class SourceModule(torch.nn.Module):  # type: ignore[misc]
         return self
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = (
-            self.inner(**dict(zip(self.names, tensors, strict=True)))
-            if self.by_name
-            else self.inner(*tensors)
-        )
+        out = _call(self.inner, self.style, self.names, tensors)
         return tuple(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
 
 
@@ -102,15 +156,14 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
     if isinstance(module, torch.jit.ScriptModule):
         return _scripted(module, signature, example)
     names = [s.name for s in signature]
-    by_name = _by_name(module, names)
-    try:
-        with torch.inference_mode():
-            out = module(**dict(zip(names, example, strict=True))) if by_name else module(*example)
-    except Exception:  # noqa: BLE001 - the reference run reports the model's failure, with its line
-        out = None
-    if not by_name and (out is None or _flat(out)):
+    style: CallStyle = "keywords" if _by_name(module, names) else "positional"
+    out = _tried(module, style, names, example)
+    if out is None and style == "positional" and _takes_one_dict(module, names):
+        out = _tried(module, "dict", names, example)
+        style = "dict" if out is not None else style
+    if style == "positional" and (out is None or _flat(out)):
         return module
-    return SourceModule(module, names, by_name, None if out is None else leaf_names(out)).eval()
+    return SourceModule(module, names, style, None if out is None else leaf_names(out)).eval()
 
 
 def _scripted(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.Tensor]) -> Any:
@@ -128,7 +181,7 @@ def _scripted(module: Any, signature: Sequence[InputSpec], example: Sequence[tor
         return module
     names = [s.name for s in signature]
     try:
-        traced = torch.jit.trace(SourceModule(module, names, False), tuple(example), strict=False)
+        traced = torch.jit.trace(SourceModule(module, names, "positional"), tuple(example), strict=False)
     except RuntimeError:  # left as it was: the export names the construct it cannot take
         return module
     traced.leaf_names = leaf_names(out)

@@ -93,7 +93,7 @@ def test_output_names_are_safe_unique_and_not_an_input_name() -> None:
     from kompile.compile_jobs.source_module import leaf_names
 
     out = {"logits": torch.ones(1), "hidden states": (torch.ones(1), torch.ones(1)), "x": torch.ones(1)}
-    wrapped = SourceModule(torch.nn.Identity(), ["x"], False, leaf_names(out))
+    wrapped = SourceModule(torch.nn.Identity(), ["x"], "positional", leaf_names(out))
     names = names_for_outputs(4, wrapped, ["x"])
     assert names == ["logits", "hidden_states_0", "hidden_states_1", "x_out"]
     # A plain tuple names nothing; a count that no longer matches falls back too.
@@ -155,7 +155,7 @@ def test_adapt_calls_by_name_only_where_forward_names_the_inputs() -> None:
     ones = torch.ones(1, 2, dtype=torch.int64)
     # The spec lists types before mask: by name, each reaches its own parameter.
     module = adapt(_Keywords(), _specs("ids", "types", "mask"), [ones, ones * 2, ones * 3])
-    assert isinstance(module, SourceModule) and module.by_name
+    assert isinstance(module, SourceModule) and module.style == "keywords"
     (out,) = module(ones, ones * 2, ones * 3)
     assert out.tolist() == [[132, 132]]
     # Positional inputs that are exactly forward's parameters, tensors out: the module itself.
@@ -224,3 +224,37 @@ def test_a_torchscript_dict_of_heads_is_served_under_its_keys(
     assert [lat["batchSize"] for lat in target["latency"]] == [1, 4]
     scores, boxes = session.run(None, {"x": np.zeros((3, 16), np.float32)})
     assert scores.shape == (3, 1) and boxes.shape == (3, 4)
+
+
+BATCH = '''
+import torch
+
+
+class Batched(torch.nn.Module):
+    """forward(batch): one dict of tensors, as training loops hand a batch over."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(16, 4)
+
+    def forward(self, batch):
+        return self.body(batch["x"]) * batch["mask"]
+
+
+def batched():
+    torch.manual_seed(0)
+    return Batched().eval()
+'''
+
+
+def test_a_forward_taking_one_dict_gets_the_inputs_by_name(
+    kompile_run: Callable[..., Any], write_manifest: Callable[..., Path], tmp_path: Path
+) -> None:
+    """It was called with the first tensor as the dict: "new(): invalid data type 'str'"."""
+    (tmp_path / "batched.py").write_text(BATCH)
+    inputs = [{"name": "x", "shape": [1, 16]}, {"name": "mask", "shape": [1, 4], "low": 0, "high": 1}]
+    doc = _doc("batched", "python://batched:batched", inputs, validation={"samples": 2})
+    targets = _succeeded(kompile_run(write_manifest(doc), "--no-register"))
+    repo = Path(targets["ort"]["artifact"]["uri"].removeprefix("file://"))
+    session = ort.InferenceSession(str(repo / "batched" / "1" / "model.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["x", "mask"]

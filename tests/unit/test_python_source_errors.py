@@ -75,16 +75,32 @@ class _IndexesPastTheEnd(torch.nn.Module):
         return heads[1]
 
 
-def test_a_forward_that_raises_is_the_models_error_with_its_line() -> None:
-    """An IndexError in forward() escaped both the input adapter and the reference run."""
+def _reference_error(model: torch.nn.Module) -> str:
+    """The reference run's error for `model` on one input x of shape [1, 4]."""
     from kompile.api.spec import InputSpec
     from kompile.compile_jobs.export import ExportError, eager_outputs
     from kompile.compile_jobs.source_module import adapt
 
     spec = [InputSpec(name="x", shape=[1, 4])]
-    module = adapt(_IndexesPastTheEnd(), spec, [torch.zeros(1, 4)])
+    module = adapt(model, spec, [torch.zeros(1, 4)])
     with pytest.raises(ExportError) as info:
         eager_outputs(module, [{"x": np.zeros((1, 4), np.float32)}], spec)
-    message = str(info.value)
+    return str(info.value)
+
+
+def test_a_forward_that_raises_is_the_models_error_with_its_line() -> None:
+    """An IndexError in forward() escaped both the input adapter and the reference run."""
+    message = _reference_error(_IndexesPastTheEnd())
     assert "IndexError: list index out of range" in message, message
     assert "test_python_source_errors.py:" in message, message
+
+
+class _ReadsAnotherKey(torch.nn.Module):
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["pixels"] * 2
+
+
+def test_a_dict_forward_missing_a_key_says_how_forward_was_called() -> None:
+    message = _reference_error(_ReadsAnotherKey())
+    assert "forward(batch) was called with spec.inputs x in that order" in message, message
+    assert "for a forward taking one dict, name spec.inputs for the keys it reads" in message, message
