@@ -15,11 +15,12 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from kompile.api.spec import InputSpec
+from kompile.api.vocabulary import DType
 from kompile.compile_jobs.inputs import Feed
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import LoadedSource, module_label
@@ -104,6 +105,11 @@ def _dtype_hint(module: Any, signature: Sequence[InputSpec]) -> str:
     if len(weights) != 1 or not declared or weights == declared:
         return ""
     (dtype,) = weights
+    if dtype not in get_args(DType):  # float64: no dtype kompile feeds would fit it
+        return (
+            f"the model's weights are {dtype}, which kompile does not compile (serving runtimes run "
+            "float32 and lower): give kompile the model after .float(); "
+        )
     return (
         f"the model's weights are {dtype} and spec.inputs declares {', '.join(sorted(declared))}: "
         f"set dtype: {dtype} on those inputs, or give kompile the model after .float(); "

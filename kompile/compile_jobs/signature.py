@@ -95,9 +95,14 @@ def _onnx_inputs(path: Path) -> list[Input]:
         tt = vi.type.tensor_type
         dtype = _ONNX_DTYPES.get(tt.elem_type)
         if dtype is None:
-            raise SourceError(
-                f"{path}: input {vi.name!r} has ONNX element type {tt.elem_type}, which kompile cannot feed"
-            )
+            import onnx
+
+            try:
+                named = onnx.TensorProto.DataType.Name(tt.elem_type).lower()
+                named = named.replace("double", "double (float64)")
+            except ValueError:
+                named = f"element type {tt.elem_type}"
+            raise SourceError(_unfed(path, vi.name, named))
         shape: list[int | Dim] = []
         for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
@@ -128,8 +133,10 @@ def _pt2_inputs(path: Path) -> list[Input]:
             continue
         value = node.meta.get("val")
         dtype = _TORCH_DTYPES.get(str(getattr(value, "dtype", "")))
-        if value is None or dtype is None:
+        if value is None or not hasattr(value, "dtype"):
             raise SourceError(f"{path}: input {node.name!r} is not a tensor kompile can feed ({value!r})")
+        if dtype is None:
+            raise SourceError(_unfed(path, node.name, str(value.dtype).removeprefix("torch.")))
         shape: list[int | Dim] = []
         for axis, size in enumerate(value.shape):
             if isinstance(size, int):
@@ -144,6 +151,17 @@ def _pt2_inputs(path: Path) -> list[Input]:
             shape.append(Dim(name, max(1, low), int(high) if high is not None and high.is_finite else None))
         out.append(Input(node.name, dtype, shape))
     return out
+
+
+def _unfed(path: Path, name: str, dtype: str) -> str:
+    """An input of a dtype kompile cannot feed, with what it feeds and what to do."""
+    fix = (
+        "convert the model to float32 (model.float(), and float32 example inputs) and export it again"
+        if dtype.startswith(("double", "float64"))
+        else "export the model with inputs of one of those (cast inside forward() where it needs another)"
+    )
+    feeds = ", ".join(sorted(set(_TORCH_DTYPES.values())))
+    return f"{path}: input {name!r} is {dtype}, which kompile cannot feed (it feeds {feeds}): {fix}"
 
 
 def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:

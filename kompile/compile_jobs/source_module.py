@@ -61,20 +61,16 @@ def _takes_one_dict(module: Any, names: Sequence[str]) -> bool:
 
 
 def forward_hint(module: Any, names: Sequence[str]) -> str:
-    """How forward() was called, when its parameters are not the spec's inputs (for an error whose
-    cause is often that mismatch); "" when they agree or forward has no readable signature."""
+    """How forward() was called, when that may be why it failed: as a dict of the inputs, or with
+    another number of them than it takes; "" otherwise (a single input named differently from
+    forward's one parameter is passed to it all the same)."""
     style: CallStyle = module.style if isinstance(module, SourceModule) else "positional"
     inner = module.inner if isinstance(module, SourceModule) else module
     required = _required_params(inner)
-    if required is None or required == list(names):
+    if required is None or (style != "dict" and len(required) == len(names)):
         return ""
     how = {"positional": "in that order", "keywords": "by name", "dict": "as one dict keyed by name"}[style]
-    dict_note = (
-        " (for a forward taking one dict, name spec.inputs for the keys it reads)"
-        if style == "positional" and _takes_one_dict(inner, names)
-        else ""
-    )
-    return f"forward({', '.join(required)}) was called with spec.inputs {', '.join(names)} {how}{dict_note}; "
+    return f"forward({', '.join(required)}) was called with spec.inputs {', '.join(names)} {how}; "
 
 
 def _call(module: Any, style: CallStyle, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> Any:
@@ -85,13 +81,20 @@ def _call(module: Any, style: CallStyle, names: Sequence[str], tensors: Sequence
     return module(*tensors)
 
 
+class _Failed:
+    """A call that raised: what it raised, for choosing how to call the module."""
+
+    def __init__(self, err: Exception) -> None:
+        self.err = err
+
+
 def _tried(module: Any, style: CallStyle, names: Sequence[str], example: Sequence[torch.Tensor]) -> Any:
-    """The module's output on the example called in `style`, None when it fails."""
+    """The module's output on the example called in `style`, or _Failed with what it raised."""
     try:
         with torch.inference_mode():
             return _call(module, style, names, example)
-    except Exception:  # noqa: BLE001 - the reference run reports the model's failure, with its line
-        return None
+    except Exception as err:  # noqa: BLE001 - the reference run reports the model's failure, with its line
+        return _Failed(err)
 
 
 def _flat(out: Any) -> bool:
@@ -158,12 +161,16 @@ def adapt(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.T
     names = [s.name for s in signature]
     style: CallStyle = "keywords" if _by_name(module, names) else "positional"
     out = _tried(module, style, names, example)
-    if out is None and style == "positional" and _takes_one_dict(module, names):
-        out = _tried(module, "dict", names, example)
-        style = "dict" if out is not None else style
-    if style == "positional" and (out is None or _flat(out)):
+    if isinstance(out, _Failed) and style == "positional" and _takes_one_dict(module, names):
+        as_dict = _tried(module, "dict", names, example)
+        # It ran, or it looked up a key the inputs do not have: a forward(batch) reading batch[...],
+        # whose reference run then says which key (not "too many indices" from a tensor).
+        if not isinstance(as_dict, _Failed) or isinstance(as_dict.err, KeyError):
+            style, out = "dict", as_dict
+    failed = isinstance(out, _Failed)
+    if style == "positional" and (failed or _flat(out)):
         return module
-    return SourceModule(module, names, style, None if out is None else leaf_names(out)).eval()
+    return SourceModule(module, names, style, None if failed else leaf_names(out)).eval()
 
 
 def _scripted(module: Any, signature: Sequence[InputSpec], example: Sequence[torch.Tensor]) -> Any:

@@ -206,6 +206,21 @@ def test_a_pytorch_file_kompile_cannot_read_says_what_it_holds_and_what_to_do(tm
     assert not list(tmp_path.glob("*.yaml"))  # init wrote nothing
 
 
+def test_a_float64_model_says_to_convert_it_to_float32(tmp_path: Path) -> None:
+    """A .double() model: its .pt2 was "not a tensor kompile can feed (FakeTensor(..., dtype=
+    torch.float64))" and its ONNX "has ONNX element type 11"."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 4)).double().eval()
+    example = (torch.zeros(2, 16, dtype=torch.float64),)
+    torch.export.save(torch.export.export(model, example), str(tmp_path / "f64.pt2"))
+    torchscript_onnx(model, {"x": example[0].numpy()}, tmp_path / "f64.onnx", {}, "y")
+    for name, said in (("f64.pt2", "'input' is float64"), ("f64.onnx", "'x' is double (float64)")):
+        for verb in ("init", "run"):
+            code, _, err = _cli(verb, str(tmp_path / name))
+            text = " ".join(err.split())
+            assert code == 2 and said in text and "model.float()" in text, text
+            assert "float32" in text and "FakeTensor" not in text and "Traceback" not in text, text
+
+
 def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
     """A graph exported at batch 4 runs only at 4: batchSizes [1] would time nothing there."""
     from models.small import small_cnn  # type: ignore[import-not-found]

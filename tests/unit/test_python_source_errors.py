@@ -102,5 +102,18 @@ class _ReadsAnotherKey(torch.nn.Module):
 
 def test_a_dict_forward_missing_a_key_says_how_forward_was_called() -> None:
     message = _reference_error(_ReadsAnotherKey())
-    assert "forward(batch) was called with spec.inputs x in that order" in message, message
-    assert "for a forward taking one dict, name spec.inputs for the keys it reads" in message, message
+    assert "KeyError: 'pixels'" in message and "test_python_source_errors.py:" in message, message
+    assert "forward(batch) was called with spec.inputs x as one dict keyed by name" in message, message
+
+
+def test_a_single_input_named_otherwise_than_forwards_parameter_is_no_hint() -> None:
+    """nn.Sequential's forward(input) gets spec.inputs x all the same: naming it would mislead."""
+    message = _reference_error(torch.nn.Sequential(torch.nn.Linear(3, 2)))
+    assert "was called with" not in message, message
+
+
+def test_a_float64_module_is_told_to_become_float32() -> None:
+    """It was told to "set dtype: float64" on its inputs, a dtype the CRD refuses."""
+    message = _reference_error(torch.nn.Linear(4, 2).double())
+    assert "weights are float64, which kompile does not compile" in message, message
+    assert ".float()" in message and "dtype: float64" not in message, message
