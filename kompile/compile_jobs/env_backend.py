@@ -19,6 +19,7 @@ from kompile.compile_jobs.environments import EnvProcess
 from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.quiet import output_to
+from kompile.compile_jobs.source_module import in_eval_mode
 from kompile.compile_jobs.sources import module_label
 
 Array = np.ndarray[Any, Any]
@@ -94,7 +95,7 @@ def save_program(request: CompileRequest, args: tuple[torch.Tensor, ...], path: 
     a BackendError naming the construct export cannot take."""
     with output_to(request.out_dir / "compile.log"), torch.no_grad():
         try:
-            program = torch.export.export(request.module.eval(), args)
+            program = torch.export.export(in_eval_mode(request.module), args)
         except EXPORT_ERRORS as err:
             raise BackendError(describe_export_error(err, module_label(request.module), what)) from err
         torch.export.save(program, path)

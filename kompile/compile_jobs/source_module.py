@@ -97,6 +97,15 @@ def _tried(module: Any, style: CallStyle, names: Sequence[str], example: Sequenc
         return _Failed(err)
 
 
+def in_eval_mode(module: Any) -> Any:
+    """`module.eval()`, but a torch.export program's module refuses it ("Calling eval() is not
+    supported yet"): its graph was captured in the mode it was exported in, none is left to set."""
+    try:
+        return module.eval()
+    except NotImplementedError:
+        return module
+
+
 def _flat(out: Any) -> bool:
     return isinstance(out, torch.Tensor) or (
         type(out) is tuple and all(isinstance(t, torch.Tensor) for t in out)

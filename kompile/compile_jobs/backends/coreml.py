@@ -35,6 +35,7 @@ from kompile.compile_jobs.backends.base import (
 from kompile.compile_jobs.backends.executorch import static_example
 from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_export_error
 from kompile.compile_jobs.quiet import output_to
+from kompile.compile_jobs.source_module import in_eval_mode
 from kompile.compile_jobs.sources import module_label
 
 _PRECISION = {"fp32": ct.precision.FLOAT32, "fp16": ct.precision.FLOAT16}
@@ -76,7 +77,7 @@ class CoreMlBackend(Backend):
         # torch and the converter print graphs and passes: into the build folder's log (quiet.py).
         with output_to(request.out_dir / "compile.log"), torch.no_grad():
             try:
-                program = torch.export.export(request.module.eval(), args).run_decompositions({})
+                program = torch.export.export(in_eval_mode(request.module), args).run_decompositions({})
             except EXPORT_ERRORS as err:
                 raise BackendError(describe_export_error(err, label, "a Core ML package")) from err
             shutil.rmtree(package, ignore_errors=True)

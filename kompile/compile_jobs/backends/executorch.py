@@ -48,6 +48,7 @@ from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.quiet import output_to
+from kompile.compile_jobs.source_module import in_eval_mode
 from kompile.compile_jobs.sources import module_label
 
 if TYPE_CHECKING:
@@ -260,7 +261,7 @@ class ExecuTorchBackend(Backend):
         request.out_dir.mkdir(parents=True, exist_ok=True)
         # torch and ExecuTorch print graphs and progress: into the build folder's log (quiet.py).
         with output_to(request.out_dir / "compile.log"), torch.no_grad():
-            module = request.module.eval()
+            module = in_eval_mode(request.module)
             try:
                 torch.export.export(module, args)  # export errors name the construct; lowering's below
             except EXPORT_ERRORS as err:

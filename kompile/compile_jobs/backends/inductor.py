@@ -54,6 +54,7 @@ from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # ex
 from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.inputs import generate_feeds
 from kompile.compile_jobs.quiet import output_to
+from kompile.compile_jobs.source_module import in_eval_mode
 from kompile.compile_jobs.sources import module_label
 from kompile.compile_jobs.user_code import user_frame
 
@@ -343,7 +344,7 @@ class InductorBackend(Backend):
         # Module.to() converts in place: a copy unless the source already is on this device in this
         # dtype, so that the eager reference and benchmark keep the model as the user gave it.
         module = request.module if _already(request.module, device, dtype) else copy.deepcopy(request.module)
-        module = module.to(device=device, dtype=dtype).eval()
+        module = in_eval_mode(module.to(device=device, dtype=dtype))
         dtypes = input_dtypes(request.signature, dtype)
         feed = example_feed(request.signature, request.calibration)
         args = tuple(
