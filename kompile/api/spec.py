@@ -173,7 +173,10 @@ class InputSpec(ApiModel):
     )
     high: float | None = Field(
         default=None,
-        description="Upper bound (exclusive) for generated reference values.",
+        description=(
+            "Upper bound (exclusive) for generated reference values. Unset: 2 for int64/int32 "
+            "(ids, indices), 256 for uint8 (image bytes); floats are drawn from a standard normal."
+        ),
     )
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ SelectionPolicy = Literal["minLatency", "maxThroughput"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 # A target may ask for the fastest precision that passes its tolerances (kompile.api.candidates.LADDER).
 TargetPrecision = Literal["fp32", "fp16", "bf16", "int8", "auto"]
-DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
+DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool"]
 SourceFormat = Literal["auto", "pt2", "torchscript", "onnx", "mlflow", "python", "huggingface"]
 Quantization = Literal["dynamic", "static"]
 TaskKind = Literal["auto", "classification", "none"]

@@ -24,6 +24,7 @@ _NUMPY_DTYPES: dict[str, Any] = {
     "bfloat16": np.float32,  # numpy has no bfloat16; the exporter casts at the boundary
     "int64": np.int64,
     "int32": np.int32,
+    "uint8": np.uint8,
     "bool": np.bool_,
 }
 
@@ -41,8 +42,9 @@ def _generate_one(spec: InputSpec, shape: list[int], rng: np.random.Generator) -
     if spec.dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(np.bool_)
     if np.issubdtype(dt, np.integer):
+        # Bytes (an image) span their range; other integers (ids, indices) stay small unless told.
         low = int(spec.low) if spec.low is not None else 0
-        high = int(spec.high) if spec.high is not None else 2
+        high = int(spec.high) if spec.high is not None else (256 if dt is np.uint8 else 2)
         return rng.integers(low, high, size=shape, dtype=np.int64).astype(dt)
     if spec.low is not None or spec.high is not None:
         flow = spec.low if spec.low is not None else 0.0

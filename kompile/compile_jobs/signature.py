@@ -13,13 +13,14 @@ from kompile.compile_jobs import source_files
 from kompile.compile_jobs.source_files import SourceError
 
 # ONNX TensorProto element types and torch dtypes kompile can generate reference inputs for.
-_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 9: "bool"}
+_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 2: "uint8", 9: "bool"}
 _TORCH_DTYPES = {
     "torch.float32": "float32",
     "torch.float16": "float16",
     "torch.bfloat16": "bfloat16",
     "torch.int64": "int64",
     "torch.int32": "int32",
+    "torch.uint8": "uint8",
     "torch.bool": "bool",
 }
 _SEQUENCE_LIKE = re.compile(r"seq|len|time|token|step|frame", re.IGNORECASE)
@@ -187,6 +188,8 @@ def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]])
             doc["dynamicDims"] = dims
         if item.low is not None and item.high is not None:
             doc |= {"low": item.low, "high": item.high}
+        elif item.dtype == "uint8":  # image bytes: the whole range
+            doc |= {"low": 0, "high": 256}
         elif item.dtype in ("int64", "int32"):
             # Token ids and such: stay in a small vocabulary unless told otherwise.
             doc |= {"low": 0, "high": 100}

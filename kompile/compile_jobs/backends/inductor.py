@@ -69,6 +69,7 @@ INPUT_DTYPES = {
     "bfloat16": torch.bfloat16,
     "int64": torch.int64,
     "int32": torch.int32,
+    "uint8": torch.uint8,
     "bool": torch.bool,
 }
 # What torch.export and the user's forward() raise while tracing; re-raised as a BackendError.
