@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,3 +37,16 @@ def output_to(log: Path) -> Iterator[None]:
     finally:
         for fd in saved:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def output_held(into: list[str]) -> Iterator[None]:
+    """As output_to, into a temporary file whose text is appended to `into` afterwards: for what
+    prints before any build folder exists (a compiler package's notes as it is imported)."""
+    with tempfile.TemporaryDirectory(prefix="kompile-output-") as tmp:
+        log = Path(tmp) / "output.log"
+        try:
+            with output_to(log):
+                yield
+        finally:
+            into.append(log.read_text(encoding="utf-8", errors="replace") if log.exists() else "")

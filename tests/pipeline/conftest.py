@@ -222,6 +222,20 @@ def run_benchmark(script: Path, *args: str, **env: str) -> dict[str, Any]:
     return report
 
 
+def fresh_kompile(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kompile *args` in a fresh process, as a user's shell runs it (what a package prints as it
+    is first imported shows there, not in this test process that imported it already)."""
+    return subprocess.run(
+        [sys.executable, "-m", "kompile.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+        timeout=600,
+    )
+
+
 def run_in_environment(name: str, args: list[str], scratch: Path, **env: str) -> str:
     """`python *args` run by environment `name`'s python as its steps run (kompile importable beside
     the environment's own packages, nothing of the project venv's), with `env` added; its stdout,

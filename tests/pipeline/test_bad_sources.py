@@ -6,9 +6,6 @@ so its podFailurePolicy fails it at once), which the operator shows as the targe
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from tests.pipeline.conftest import run_compile_job, small_cnn_doc, torchscript_onnx
+from tests.pipeline.conftest import fresh_kompile, run_compile_job, small_cnn_doc, torchscript_onnx
 
 FEED = {"input": np.zeros((1, 3, 32, 32), np.float32)}
 
@@ -256,16 +253,7 @@ def test_loading_a_torch_ao_model_prints_no_cpp_warning_amid_the_progress(tmp_pa
     torch.jit.trace(quantized, torch.zeros(1, 16)).save(str(tmp_path / "dynq.pt"))
     doc = small_cnn_doc(source={"uri": "dynq.pt"}, inputs=[{"name": "x", "shape": [1, 16]}])
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(doc))
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "kompile.cli", "run", "m.yaml", "--no-register"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        check=False,
-        timeout=600,
-    )
+    done = fresh_kompile(tmp_path, "run", "m.yaml", "--no-register")
     assert done.returncode == 2 and "quantized::linear_dynamic" in done.stderr, done.stderr
     assert "Quantizer.cpp" not in done.stderr + done.stdout, done.stderr
     assert "Quantizer.cpp" in (tmp_path / ".kompile" / "cache" / "load.log").read_text()

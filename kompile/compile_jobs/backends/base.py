@@ -11,6 +11,7 @@ TensorRT or CUDA.
 from __future__ import annotations
 
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from kompile.api.catalog import CATALOG, BackendEntry, BackendOptions, Serving
+from kompile.compile_jobs.quiet import output_held
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from kompile.api.status import Thresholds
     from kompile.api.vocabulary import TaskKind
     from kompile.compile_jobs.run_results import RunResults
+
+log = logging.getLogger("kompile")
 
 Feeds = dict[str, "np.ndarray[Any, Any]"]
 OptionsT = TypeVar("OptionsT", bound=BackendOptions)
@@ -214,8 +218,12 @@ def get_backend(name: str) -> Backend:
     """Import `kompile.compile_jobs.backends.<name>` and return its BACKEND instance."""
     if name not in CATALOG:
         raise BackendUnavailable(f"unknown backend {name!r}; the catalog has {sorted(CATALOG)}")
+    printed: list[str] = []
     try:
-        module = importlib.import_module(f"kompile.compile_jobs.backends.{name}")
+        # Compiler packages print notes as they are imported (coremltools: eleven lines on versions
+        # it has not tested and macOS libraries): kept for --debug, not amid a run's progress.
+        with output_held(printed):
+            module = importlib.import_module(f"kompile.compile_jobs.backends.{name}")
     except ModuleNotFoundError as err:
         if err.name and err.name.endswith(f"backends.{name}"):
             raise BackendUnavailable(f"backend {name!r} is in the catalog but has no module") from None
@@ -223,6 +231,9 @@ def get_backend(name: str) -> Backend:
             f"backend {name!r} needs the Python package {err.name!r}: "
             f"pip install 'kompile[{CATALOG[name].extra}]'"
         ) from None
+    finally:
+        if printed and printed[0].strip():
+            log.debug("importing backend %s printed:\n%s", name, printed[0].rstrip())
     backend = module.BACKEND
     assert isinstance(backend, Backend)
     return backend
