@@ -83,7 +83,7 @@ def plan_target(ctx: BuildContext, target: Target, device: str) -> PlannedTarget
         ts.phase, ts.reason, ts.message = "Skipped", "AlreadyQuantized", _already_quantized(ctx)
         return planned
     if not planned.multi:
-        skip = skip_reason(target, device, ctx.loaded.module is not None)
+        skip = skip_reason(target, device, ctx.loaded.kind)
         if skip:
             ts.phase, ts.reason, ts.message = "Skipped", skip[0], skip[1]
         elif built := build_target(ctx, target, ts, target.name, device):
@@ -186,7 +186,7 @@ class _Tournament:
         ctx, planned, device = self.ctx, self.planned, self.device
         ts, target = planned.status, planned.target
         cs = _pending(cand, ctx.hardware_class)
-        skip = skip_reason(cand, device, ctx.loaded.module is not None)
+        skip = skip_reason(cand, device, ctx.loaded.kind)
         if self.generated and skip is None:
             skip = slow_here(cand, device)
         if skip and self.generated and skip[0] in _SILENT_FOR_AUTO:
@@ -283,16 +283,22 @@ def _already_quantized(ctx: BuildContext) -> str:
     )
 
 
-def skip_reason(target: Target, device: str, torch_source: bool = True) -> tuple[str, str] | None:
-    """Why this machine cannot build `target` for `device` from this source, or None. Precision,
-    device and source kind come first: `auto` drops a backend that cannot build them without
-    reporting it."""
+def skip_reason(target: Target, device: str, source: str = "torch") -> tuple[str, str] | None:
+    """Why this machine cannot build `target` for `device` from this source (LoadedSource.kind),
+    or None. Precision, device and source kind come first: `auto` drops a backend that cannot
+    build them without reporting it."""
     e = entry(target.backend)
-    if e.consumes == "torch" and not torch_source:
-        onnx_backends = [n for n, c in CATALOG.items() if c.consumes == "onnx" and not c.stand_in]
+    onnx_backends = ", ".join(n for n, c in CATALOG.items() if c.consumes == "onnx" and not c.stand_in)
+    if e.consumes == "torch" and source == "onnx":
         return "UnsupportedSource", (
             f"backend {target.backend} compiles PyTorch modules and this source is ONNX; use a backend "
-            f"that compiles ONNX ({', '.join(onnx_backends)})"
+            f"that compiles ONNX ({onnx_backends})"
+        )
+    if e.consumes == "torch" and source == "torchscript" and not e.stand_in:
+        return "UnsupportedSource", (
+            f"backend {target.backend} compiles what torch.export traces and this source is TorchScript, "
+            "which torch.export cannot take: give it the model as a .pt2 (torch.export.save) or a "
+            f"python:// factory, or use a backend that compiles ONNX ({onnx_backends})"
         )
     if target.precision not in e.precisions:
         return "UnsupportedPrecision", (

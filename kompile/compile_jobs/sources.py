@@ -59,6 +59,16 @@ class LoadedSource:
     """An ONNX source that is quantized already: its quantized operators ("6 QuantizeLinear, ...")."""
 
     @property
+    def kind(self) -> str:
+        """What the backends start from: "onnx", "torchscript" (which torch.export cannot take),
+        or "torch" (a module torch.export traces)."""
+        if self.module is None:
+            return "onnx"
+        import torch
+
+        return "torchscript" if isinstance(self.module, torch.jit.ScriptModule) else "torch"
+
+    @property
     def label(self) -> str:
         if self.module is None or self.format in ("pt2", "torchscript", "mlflow"):
             return self.uri if self.format == "mlflow" else Path(self.uri).name

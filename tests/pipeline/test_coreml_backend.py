@@ -93,5 +93,5 @@ def test_a_fresh_run_prints_none_of_coremltools_import_notes(tmp_path: Path, wri
 def test_onnx_sources_are_refused_with_the_reason() -> None:
     from kompile.compile_jobs.build import skip_reason
 
-    reason = skip_reason(Target(name="m", backend="coreml", precision="fp16"), "cpu", torch_source=False)
+    reason = skip_reason(Target(name="m", backend="coreml", precision="fp16"), "cpu", source="onnx")
     assert reason is not None and reason[0] == "UnsupportedSource"

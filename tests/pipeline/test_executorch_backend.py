@@ -82,7 +82,7 @@ def test_int8_dynamic_needs_no_calibration_and_per_channel_weights(
 
 def test_onnx_sources_and_other_precisions_are_refused() -> None:
     target = Target(name="e", backend="executorch", precision="fp32")
-    reason = skip_reason(target, "cpu", torch_source=False)
+    reason = skip_reason(target, "cpu", source="onnx")
     assert reason is not None and reason[0] == "UnsupportedSource" and "onnxruntime" in reason[1]
     bf16 = Target(name="e", backend="executorch", precision="bf16")
     assert skip_reason(bf16, "cpu")[0] == "UnsupportedPrecision"  # type: ignore[index]

@@ -1,8 +1,9 @@
-"""A plain .pt2 source (a torch.export archive whose module takes its inputs in order and returns
-a tensor: what `torch.export.save` and MLflow 3's `log_model` write) on each backend that compiles
-from the PyTorch module. Its module refuses eval() ("Calling eval() is not supported yet"): the
-inductor, ExecuTorch, Core ML and XLA builds called it, and the whole run ended "kompile failed
-unexpectedly" (fleet mode picks inductor for a .pt2)."""
+"""PyTorch files on the backends that compile from the module. A plain .pt2 source (a torch.export
+archive whose module takes its inputs in order and returns a tensor: what `torch.export.save` and
+MLflow 3's `log_model` write): its module refuses eval() ("Calling eval() is not supported yet"),
+which the inductor, ExecuTorch, Core ML and XLA builds called, and the whole run ended "kompile
+failed unexpectedly" (fleet mode picks inductor for a .pt2). A TorchScript file, which
+torch.export cannot take."""
 
 from __future__ import annotations
 
@@ -42,3 +43,31 @@ def test_a_plain_pt2_compiles_on_each_module_backend(
     # Core ML is exported here (no runtime off Apple hardware), the others validated.
     assert target["phase"] in ("Succeeded", "Exported"), target
     assert "eval()" not in (target.get("message") or ""), target
+
+
+def test_a_torchscript_source_is_no_source_for_torch_export_backends(
+    kompile_run: Callable[..., Any], write_manifest: Callable[..., Path], tmp_path: Path
+) -> None:
+    """torch.export cannot take a ScriptModule: inductor, ExecuTorch and XLA each failed to compile
+    with "Graph breaks are not allowed ...: the whole forward() must trace as one graph", advice
+    that does not fit. Skipped before the compile instead, with what to give them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten()).eval()
+    torch.jit.trace(model, torch.zeros(1, 3, 32, 32)).save(str(tmp_path / "scripted.pt"))
+    doc = small_cnn_doc(
+        source={"uri": "scripted.pt"},
+        inputs=[{"name": "x", "shape": [1, 3, 32, 32]}],
+        targets=[
+            {"name": "aoti", "backend": "inductor"},
+            {"name": "pte", "backend": "executorch"},
+            {"name": "ort", "backend": "onnxruntime"},
+        ],
+    )
+    res = kompile_run(write_manifest(doc), "--no-register")
+    targets = {t["name"]: t for t in json.loads(res.stdout)["targets"]}
+    assert targets["ort"]["phase"] == "Succeeded", targets["ort"]
+    for name in ("aoti", "pte"):
+        t = targets[name]
+        assert (t["phase"], t["reason"]) == ("Skipped", "UnsupportedSource"), t
+        assert "TorchScript" in t["message"] and "torch.export.save" in t["message"], t["message"]
+        assert "onnxruntime" in t["message"] and "Graph breaks" not in t["message"], t["message"]
