@@ -24,6 +24,7 @@ _TORCH_DTYPES = {
     "torch.bool": "bool",
 }
 _SEQUENCE_LIKE = re.compile(r"seq|len|time|token|step|frame", re.IGNORECASE)
+_SPATIAL_LIKE = re.compile(r"height|width|^[hw]$", re.IGNORECASE)
 
 
 @dataclass
@@ -45,14 +46,26 @@ class Input:
     """Integer inputs: the reference values' range [low, high) where the model says (a vocabulary)."""
 
 
-def default_range(name: str, axis: int) -> tuple[int, int, int]:
+def default_range(name: str, axis: int, spatial: bool = False) -> tuple[int, int, int]:
     """(min, opt, max) where the model says nothing: a batch of 1 to 32, sequences up to 512 tokens
-    optimized for 128, other dims up to 256 optimized for 16."""
+    optimized for 128, an image's height and width 32 to 512 optimized for 224 (timed at an image
+    size; 32 the least a network downsampling 32x runs at), other dims up to 256 optimized for 16."""
     if axis == 0:
         return 1, 1, 32
+    if spatial or _SPATIAL_LIKE.search(name):
+        return 32, 224, 512
     if _SEQUENCE_LIKE.search(name):
         return 1, 128, 512
     return 1, 16, 256
+
+
+def _image_axis(item: Input, axis: int) -> bool:
+    """Height or width of an image batch: a 4-D input of floats or bytes with 1 or 3 channels,
+    first (NCHW: axes 2 and 3) or last (NHWC: axes 1 and 2)."""
+    shape = item.shape
+    if len(shape) != 4 or item.dtype.startswith("int") or item.dtype == "bool":
+        return False
+    return (shape[1] in (1, 3) and axis in (2, 3)) or (shape[3] in (1, 3) and axis in (1, 2))
 
 
 def _dim_name(raw: str, fallback: str) -> str:
@@ -173,9 +186,11 @@ def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]])
         dims = []
         for axis, size in enumerate(item.shape):
             if isinstance(size, Dim):
-                lo, opt, hi = default_range(size.name, axis)
+                lo, opt, hi = default_range(size.name, axis, _image_axis(item, axis))
                 lo = max(lo, size.min or lo)
                 hi = size.max if size.max is not None else hi
+                if lo > hi:  # the model's bound is below the guess's least: its own range
+                    lo = min(size.min or 1, hi)
                 opt = min(max(opt, lo), hi)
                 lo, opt, hi = overrides.get(size.name, (lo, opt, hi))
                 dims.append({"axis": axis, "name": size.name, "min": lo, "opt": opt, "max": hi})

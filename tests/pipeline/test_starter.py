@@ -221,6 +221,25 @@ def test_a_float64_model_says_to_convert_it_to_float32(tmp_path: Path) -> None:
             assert "float32" in text and "FakeTensor" not in text and "Traceback" not in text, text
 
 
+def test_an_image_of_any_size_is_timed_at_an_image_size(tmp_path: Path) -> None:
+    """A fully convolutional model exported with dynamic height and width was given the generic
+    guess, 1 to 256 at 16: timed and validated on 16x16 images, and a 1x1 minimum that a network
+    downsampling 32x cannot run (TensorRT's profile fails to build at it)."""
+    from models.small import small_cnn  # type: ignore[import-not-found]
+
+    feed = {"image": np.zeros((1, 3, 64, 64), np.float32)}
+    dynamic = {"image": {0: "batch", 2: "height", 3: "width"}}
+    named = torchscript_onnx(small_cnn().eval(), feed, tmp_path / "named.onnx", dynamic, "logits")
+    unnamed = {"image": {0: "batch", 2: "h_", 3: "w_"}}  # ONNX names them image_dim2/3 where unset
+    torchscript_onnx(small_cnn().eval(), feed, tmp_path / "unnamed.onnx", unnamed, "logits")
+    for model in (named, tmp_path / "unnamed.onnx"):
+        code, _, err = _cli("init", str(model))
+        assert code == 0, err
+        inp = yaml.safe_load(model.with_suffix(".yaml").read_text())["spec"]["inputs"][0]
+        spatial = [(d["min"], d["opt"], d["max"]) for d in inp["dynamicDims"][1:]]
+        assert spatial == [(32, 224, 512), (32, 224, 512)], (model.name, inp["dynamicDims"])
+
+
 def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
     """A graph exported at batch 4 runs only at 4: batchSizes [1] would time nothing there."""
     from models.small import small_cnn  # type: ignore[import-not-found]

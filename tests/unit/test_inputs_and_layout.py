@@ -159,3 +159,13 @@ def test_cpu_isa() -> None:
     assert cpu_isa({"avx2", "avx512f", "avx512_vnni"}, "amd64") == "avx512vnni"
     assert cpu_isa({"avx2"}, "amd64") == "avx2"
     assert cpu_isa({"asimddp"}, "arm64") == "dotprod"
+
+
+def test_an_image_bounded_below_the_guess_keeps_its_own_range() -> None:
+    """The image guess starts at 32: a model exported for images up to 16 wide keeps [2, 16]."""
+    from kompile.compile_jobs.signature import Dim, Input, input_specs
+
+    image = Input("image", "float32", [Dim("batch"), 3, Dim("h", 2, 16), Dim("w", None, None)])
+    (doc,) = input_specs([image], {})
+    ranges = [(d["name"], d["min"], d["opt"], d["max"]) for d in doc["dynamicDims"]]
+    assert ranges == [("batch", 1, 1, 32), ("h", 2, 16, 16), ("w", 32, 224, 512)]
