@@ -39,9 +39,11 @@ def _tensor_block(kind: str, tensors: Sequence[TensorSpec], batched: bool) -> st
     for t in tensors:
         dims = t.shape[1:] if batched else t.shape
         dims_text = ", ".join(str(d) for d in dims) or "1"
+        # Triton takes no empty dims: a 0-d tensor is [ 1 ] reshaped to the model's [ ].
+        reshape = "\n    reshape: { shape: [ ] }" if not t.shape else ""
         items.append(
             f'  {{\n    name: "{t.name}"\n    data_type: {_TRITON_TYPES[t.dtype]}\n'
-            f"    dims: [ {dims_text} ]\n  }}"
+            f"    dims: [ {dims_text} ]{reshape}\n  }}"
         )
     return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
 
@@ -60,7 +62,8 @@ def config_pbtxt(
     cuda_graphs: bool = False,
     parameters: Mapping[str, str] | None = None,
 ) -> str:
-    """Triton's config.pbtxt. With max_batch_size > 0 Triton owns axis 0, so dims omit it.
+    """Triton's config.pbtxt. With max_batch_size > 0 Triton owns axis 0, so dims omit it (0 where
+    a tensor has no batch axis).
 
     `backend` is the Triton backend line where the platform needs one (the catalog's serving entry
     says: pytorch for AOTInductor packages). `cc_model_filenames` maps a compute capability ("8.6")
@@ -70,7 +73,10 @@ def config_pbtxt(
     runtime properties this way: PERFORMANCE_HINT, INFERENCE_PRECISION_HINT, ...); a backend
     without a platform (openvino) is named by `backend` alone.
     """
-    batched = max_batch_size > 0
+    # Triton batches along axis 0 of every input and output: where one has no batch axis (a
+    # scalar, a fixed-size table), batching is off and each tensor is declared whole.
+    batched = max_batch_size > 0 and all(t.shape and t.shape[0] == -1 for t in [*inputs, *outputs])
+    max_batch_size = max_batch_size if batched else 0
     text = f'name: "{model_name}"\n'
     if platform:
         text += f'platform: "{platform}"\n'

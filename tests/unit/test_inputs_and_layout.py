@@ -94,6 +94,21 @@ def test_triton_config_batched_and_unbatched() -> None:
     assert "dims: [ -1, 3, 224, 224 ]" in flat and "KIND_GPU" in flat
 
 
+def test_triton_batches_only_what_has_a_batch_axis() -> None:
+    """A model returning (logits, a scalar) got max_batch_size 8 and the scalar dims [ 1 ]: Triton
+    refuses to load that (the scalar has no batch axis). Without batching every dim is written,
+    and a scalar is dims [ 1 ] reshaped to [ ], as Triton asks for 0-d tensors."""
+    ins = [triton.TensorSpec("x", "float32", (-1, 16))]
+    outs = [triton.TensorSpec("logits", "float32", (-1, 4)), triton.TensorSpec("loss", "float32", ())]
+    text = triton.config_pbtxt("m", "onnxruntime_onnx", ins, outs, max_batch_size=8)
+    assert "max_batch_size: 0" in text and "dims: [ -1, 16 ]" in text and "dims: [ -1, 4 ]" in text
+    assert 'name: "loss"\n    data_type: TYPE_FP32\n    dims: [ 1 ]\n    reshape: { shape: [ ] }' in text
+    # An output whose axis 0 is not the batch (a fixed table): no batching either.
+    table = [triton.TensorSpec("table", "float32", (10, 4))]
+    assert "max_batch_size: 0" in triton.config_pbtxt("m", "onnxruntime_onnx", ins, table, 8)
+    assert "max_batch_size: 8" in triton.config_pbtxt("m", "onnxruntime_onnx", ins, outs[:1], 8)
+
+
 def test_triton_config_for_aotinductor_packages() -> None:
     """Triton's torch_aoti platform names tensors by position and does not cast: a bf16 package
     takes and returns bf16."""
