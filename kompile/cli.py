@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from kompile.api.resource import CompiledModel, ManifestError, load_manifest, load_manifests
+from kompile.api.resource import CompiledModel, ManifestError, load_manifest, load_manifests, manifest_files
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -218,14 +218,41 @@ def init(
 
 
 @app.command()
-def check(manifest: Annotated[Path, typer.Argument(help="CompiledModel YAML file.")]) -> None:
-    """Validate a manifest (every CompiledModel in it) against the API without running anything."""
-    try:
-        models = load_manifests(manifest)
-    except ManifestError as err:
-        raise _fail(str(err)) from None
-    for cm in models:
-        err_console.print(f"{manifest}: valid CompiledModel {cm.metadata.name!r}")
+def check(
+    manifests: Annotated[
+        list[Path],
+        typer.Argument(
+            help="CompiledModel YAML files, or folders (a GitOps repository) whose YAML files are checked."
+        ),
+    ],
+) -> None:
+    """Validate manifests (every CompiledModel in them) against the API without running anything."""
+    from rich.markup import escape
+
+    files, problems = manifest_files(manifests)
+    valid = 0
+    for path in files:
+        try:
+            models = load_manifests(path)
+        except ManifestError as err:
+            problems.append(str(err))
+            continue
+        for cm in models:
+            valid += 1
+            err_console.print(
+                f"{escape(str(path))}: valid CompiledModel {cm.metadata.name!r}", highlight=False
+            )
+    for problem in problems:
+        err_console.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+    counted = f"{_counted(valid, 'CompiledModel')} in {_counted(len(files), 'file')}"
+    if problems:
+        raise _fail(f"{counted}: {len(problems)} invalid")
+    if len(files) > 1 or any(p.is_dir() for p in manifests):
+        err_console.print(f"{counted}: all valid", highlight=False)
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @app.command()

@@ -254,6 +254,39 @@ def _where(p: Path, models: list[tuple[str, dict[str, Any]]], i: int) -> str:
     return str(p) if len(models) == 1 else f"{p}, CompiledModel {_name_of(doc)!r} ({place})"
 
 
+def manifest_files(paths: list[Path]) -> tuple[list[Path], list[str]]:
+    """The files to check among `paths`: a file as given; for a folder (a GitOps repository), its
+    YAML files that mention a CompiledModel, hidden folders (.git) left out. Also a message for
+    each folder that holds none."""
+    files: list[Path] = []
+    empty: list[str] = []
+    for path in paths:
+        if not path.is_dir() or (path / "config.json").is_file():
+            files.append(path)  # load_manifests says what it is when it is no manifest
+            continue
+        found = [
+            f
+            for f in sorted(path.rglob("*"))
+            if f.suffix in (".yaml", ".yml")
+            and f.is_file()
+            and not any(part.startswith(".") for part in f.relative_to(path).parts)
+            and _mentions_kind(f)
+        ]
+        if not found:
+            empty.append(f"{path}: no YAML file under it holds a CompiledModel (kind: {KIND})")
+        files += found
+    return files, empty
+
+
+def _mentions_kind(path: Path) -> bool:
+    """Whether a file's text names the kind: others (a kustomization, a Helm template that is not
+    YAML until rendered) are not read as manifests."""
+    try:
+        return KIND in path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def load_manifests(path: str | Path) -> list[CompiledModel]:
     """Every CompiledModel document of a YAML file, each parsed and validated; the errors of every
     invalid one together, each naming its model, so one look fixes a whole GitOps file."""

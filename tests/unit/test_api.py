@@ -233,6 +233,45 @@ def test_check_reports_every_invalid_model_of_a_file_by_name(tmp_path: Path) -> 
         load_manifest(tmp_path / "one.yaml")  # a file of one model names no document
 
 
+def test_check_takes_a_gitops_folder_and_several_files(tmp_path: Path) -> None:
+    """A GitOps repository's CI checks its tree: `kompile check deploy/` said "a folder without
+    config.json", and two files were "unexpected extra argument(s)". A folder's YAML files that
+    hold no CompiledModel (a kustomization, a Helm template) are not its business; every invalid
+    model is reported, each with its file, and the exit is 2 when any is."""
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    deploy = tmp_path / "deploy"
+    (deploy / "team-a").mkdir(parents=True)
+    (deploy / ".git").mkdir()
+    (deploy / "team-a" / "models.yaml").write_text(
+        yaml.safe_dump_all([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}, minimal()])
+    )
+    (deploy / "team-a" / "kustomization.yaml").write_text("resources: [models.yaml]\n")
+    (deploy / "chart.yaml").write_text("name: {{ .Values.name }}\n")  # a template: not YAML
+    (deploy / ".git" / "old.yaml").write_text(yaml.safe_dump(minimal() | {"kind": "CompiledModel", "x": 1}))
+    checked = CliRunner().invoke(app, ["check", str(deploy)])
+    assert checked.exit_code == 0, checked.stderr
+    assert "models.yaml: valid CompiledModel 'm'" in checked.stderr, checked.stderr
+    assert "1 CompiledModel in 1 file: all valid" in " ".join(checked.stderr.split()), checked.stderr
+
+    bad = deploy / "team-b.yml"
+    bad.write_text(yaml.safe_dump(minimal() | {"metadata": {"name": "Bad_Name"}}))
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(minimal() | {"metadata": {"name": "m2"}}))
+    checked = CliRunner().invoke(app, ["check", str(deploy), str(other)])
+    said = " ".join(checked.stderr.split())
+    assert checked.exit_code == 2, said
+    assert "team-b.yml: invalid CompiledModel manifest" in said and "metadata.name" in said, said
+    assert "other.yaml: valid CompiledModel 'm2'" in said and "models.yaml: valid" in said, said
+    assert "3 files: 1 invalid" in said, said
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    checked = CliRunner().invoke(app, ["check", str(empty)])
+    assert checked.exit_code == 2 and "no YAML file under" in checked.stderr, checked.stderr
+
+
 def test_what_kubectl_get_writes_runs_as_it_is(tmp_path: Path) -> None:
     """`kubectl get compiledmodel m -o yaml > m.yaml` (to try a cluster's model here) writes the
     server's metadata and the operator's status; `kubectl get compiledmodels -o yaml` a `kind:
