@@ -130,6 +130,11 @@ class DynamicDim(ApiModel):
         return self
 
 
+INPUT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$"
+"""What an input name may hold: an identifier, or an ONNX tensor name as exporters write them
+(input.1, input:0, and the bare numbers older exporters gave: 0)."""
+
+
 class InputSpec(ApiModel):
     """One model input: name, element type and shape."""
 
@@ -156,7 +161,7 @@ class InputSpec(ApiModel):
         description="Input name as the model sees it (ONNX input name, forward() argument).",
         min_length=1,
         max_length=NAME_MAX,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_.:/-]*$",
+        pattern=INPUT_NAME_PATTERN,
     )
     dtype: DType = Field(default="float32", description="Element type of the input tensor.")
     shape: Annotated[list[Annotated[int, Field(ge=-1)]], Field(min_length=1, max_length=16)] = Field(

@@ -76,7 +76,7 @@ def _dim_name(raw: str, fallback: str) -> str:
 def read_signature(path: Path, fmt: str) -> list[Input]:
     """The inputs of an .onnx or .pt2 file, in call order."""
     if fmt == "onnx":
-        return _onnx_inputs(path)
+        return _named(path, _onnx_inputs(path))
     if fmt == "pt2":
         return _pt2_inputs(path)
     if fmt == "huggingface":
@@ -85,6 +85,20 @@ def read_signature(path: Path, fmt: str) -> list[Input]:
         f"{path}: kompile reads signatures from .onnx and .pt2 files and Hugging Face model folders; "
         "write spec.inputs by hand"
     )
+
+
+def _named(path: Path, inputs: list[Input]) -> list[Input]:
+    """`inputs`, or a SourceError for the first whose name spec.inputs cannot hold."""
+    from kompile.api.spec import INPUT_NAME_PATTERN
+
+    for item in inputs:
+        if not re.fullmatch(INPUT_NAME_PATTERN, item.name):
+            raise SourceError(
+                f"{path}: input {item.name!r} has a name kompile cannot carry (it takes letters, digits "
+                "and _ . : / -): rename it where the model is exported (torch.onnx.export's "
+                "input_names) or in the graph (onnx.utils, onnx-graphsurgeon)"
+            )
+    return inputs
 
 
 def _folder_inputs(path: Path) -> list[Input]:

@@ -4,6 +4,7 @@ exports."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,34 @@ def test_an_image_of_any_size_is_timed_at_an_image_size(tmp_path: Path) -> None:
         inp = yaml.safe_load(model.with_suffix(".yaml").read_text())["spec"]["inputs"][0]
         spatial = [(d["min"], d["opt"], d["max"]) for d in inp["dynamicDims"][1:]]
         assert spatial == [(32, 224, 512), (32, 224, 512)], (model.name, inp["dynamicDims"])
+
+
+def _relu_onnx(path: Path, input_name: str, output_name: str) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph([helper.make_node("Relu", [input_name], [output_name])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_onnx_inputs_named_by_number_run_and_others_are_told_what_to_rename(tmp_path: Path) -> None:
+    """Older exporters name tensors "0", "1": `kompile run` on one ended "kompile failed
+    unexpectedly: ValidationError ... InputSpec". A name kompile cannot carry (a space) is an input
+    error saying which input and which characters it takes."""
+    numbered = _relu_onnx(tmp_path / "numbered.onnx", "0", "1")
+    code, out, err = _cli("run", str(numbered), "--no-register", "--json", "--work-dir", str(tmp_path / "w"))
+    assert code == 0, err
+    assert json.loads(out)["targets"][0]["phase"] == "Succeeded", out
+    spaced = _relu_onnx(tmp_path / "spaced.onnx", "input ids", "out")
+    for verb in ("init", "run"):
+        code, _, err = _cli(verb, str(spaced))
+        text = " ".join(err.split())
+        assert code == 2 and "input 'input ids'" in text and "rename" in text, text
+        assert "unexpectedly" not in text, text
 
 
 def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
