@@ -137,6 +137,29 @@ def test_an_op_iree_cannot_lower_is_named(tmp_path: Path) -> None:
         get_backend("iree").compile(request)
 
 
+def test_a_graph_named_otherwise_than_torchs_export_loads(tmp_path: Path) -> None:
+    """IREE names the function after the ONNX graph, and the runtime called `main_graph`, the name
+    torch's exporter gives: a model from another exporter (tf2onnx's "tf2onnx", older torch's
+    "torch-jit-export") compiled, then failed to load ("Function 'main_graph' not found")."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["0"], ["1"])],
+        "torch-jit-export",
+        [helper.make_tensor_value_info("0", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("1", TensorProto.FLOAT, [1, 4])],
+    )
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    spec = InputSpec.model_validate({"name": "0", "shape": [1, 4]})
+    feed = {"0": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
+    _, runner, verdict = _build(path, None, [spec], [feed], tmp_path)
+    assert verdict.passed, verdict
+    (out,) = runner.run(feed)
+    np.testing.assert_array_equal(out, [[0.0, 2.0, 0.0, 4.0]])
+
+
 def test_ops_of_another_runtime_are_named_not_their_consumers(tmp_path: Path) -> None:
     # Measured on MiniLM after ONNX Runtime's transformer optimizer: the importer typed each
     # com.microsoft node's output as none and iree-compile blamed the MatMul after it.

@@ -76,6 +76,9 @@ def static_model(path: Path, shapes: dict[str, list[int]], scratch: Path) -> Any
         fix_input_dims(model, shapes)
     except ValueError as err:
         raise StepFailed(str(err)) from err
+    # IREE names the function after the graph: the one name the runtime calls, whatever the
+    # exporter called it (tf2onnx "tf2onnx", older torch "torch-jit-export").
+    model.graph.name = ENTRY_FUNCTION
     del model.graph.value_info[:]
     for out in model.graph.output:
         for dim in out.type.tensor_type.shape.dim:
