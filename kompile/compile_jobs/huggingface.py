@@ -143,15 +143,49 @@ def signature(folder: Path) -> list[dict[str, Any]]:
         main = "pixel_values" if "image_size" in config or "vision_config" in config else "input_ids"
     if main == "input_ids":
         return _text_signature(folder, config, cls)
-    if main == "pixel_values" and isinstance(config.get("image_size"), int):
-        size, channels = int(config["image_size"]), int(config.get("num_channels", 3))
-        return [
-            {"name": "pixel_values", "dtype": "float32", "shape": [("batch", None), channels, size, size]}
-        ]
+    size = _image_size(folder, config) if main == "pixel_values" else None
+    if size is not None:
+        channels = int(config.get("num_channels", 3))
+        return [{"name": "pixel_values", "dtype": "float32", "shape": [("batch", None), channels, *size]}]
     raise SourceError(
         f"{folder}: kompile reads the inputs of text models (token ids) and image models (pixel_values "
-        f"with image_size in config.json); this one takes {main!r}: write spec.inputs in a manifest"
+        "with image_size in config.json or a size in preprocessor_config.json); this one takes "
+        f"{main!r}: write spec.inputs in a manifest"
     )
+
+
+def _image_size(folder: Path, config: dict[str, Any]) -> tuple[int, int] | None:
+    """(height, width) of the images the model takes: config.json's image_size, else the size its
+    image processor feeds it (Hugging Face's ResNet has no image_size): the crop where it crops,
+    else the size it resizes to."""
+    if isinstance(config.get("image_size"), int):
+        return int(config["image_size"]), int(config["image_size"])
+    try:
+        processor = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(processor, dict):
+        return None
+    cropped = processor.get("do_center_crop", "crop_size" in processor)
+    for key in ("crop_size", "size") if cropped else ("size",):
+        size = _height_width(processor.get(key))
+        if size is not None:
+            return size
+    return None
+
+
+def _height_width(size: Any) -> tuple[int, int] | None:
+    """An image processor's size entry: 224, {"height": 224, "width": 224} or {"shortest_edge": 224}
+    (the short side, square after its crop)."""
+    if isinstance(size, int) and size > 0:
+        return size, size
+    if not isinstance(size, dict):
+        return None
+    if isinstance(size.get("height"), int) and isinstance(size.get("width"), int):
+        return int(size["height"]), int(size["width"])
+    if isinstance(size.get("shortest_edge"), int):
+        return int(size["shortest_edge"]), int(size["shortest_edge"])
+    return None
 
 
 def _text_signature(folder: Path, config: dict[str, Any], cls: Any) -> list[dict[str, Any]]:

@@ -73,6 +73,25 @@ def test_a_vision_folder_gets_pixel_values_from_its_config(tmp_path: Path) -> No
     assert doc["spec"]["source"]["uri"] == "vit"
 
 
+def test_a_vision_folder_without_image_size_reads_its_image_processor(tmp_path: Path) -> None:
+    """Hugging Face's ResNet (microsoft/resnet-50 and its fine-tunes) has no image_size in its
+    config: "kompile reads the inputs of ... image models (pixel_values with image_size in
+    config.json)". Its preprocessor_config.json says the size it feeds the model."""
+    from transformers import ConvNextImageProcessor, ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3)
+    ResNetForImageClassification(config).save_pretrained(tmp_path / "resnet")
+    ConvNextImageProcessor(size={"shortest_edge": 64}, crop_pct=1.0).save_pretrained(tmp_path / "resnet")
+    code, _, err = _cli("init", str(tmp_path / "resnet"))
+    assert code == 0, err
+    (image,) = yaml.safe_load((tmp_path / "resnet.yaml").read_text())["spec"]["inputs"]
+    assert (image["name"], image["shape"]) == ("pixel_values", [-1, 3, 64, 64]), image
+    # Without a processor either, it still says what to write.
+    (tmp_path / "resnet" / "preprocessor_config.json").unlink()
+    code, _, err = _cli("init", str(tmp_path / "resnet"))
+    assert code == 2 and "pixel_values" in err and "spec.inputs" in err, err
+
+
 def test_a_decoder_without_architectures_or_tokenizer_reads_its_family_keys(tmp_path: Path) -> None:
     # GPT-2 names its context n_positions; with no architectures entry the class is AutoModel's pick.
     from transformers import GPT2Config, GPT2LMHeadModel
