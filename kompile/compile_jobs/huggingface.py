@@ -158,8 +158,11 @@ def _image_size(folder: Path, config: dict[str, Any]) -> tuple[int, int] | None:
     """(height, width) of the images the model takes: config.json's image_size, else the size its
     image processor feeds it (Hugging Face's ResNet has no image_size): the crop where it crops,
     else the size it resizes to."""
-    if isinstance(config.get("image_size"), int):
-        return int(config["image_size"]), int(config["image_size"])
+    configured = config.get("image_size")
+    if isinstance(configured, int):
+        return configured, configured
+    if isinstance(configured, list) and len(configured) == 2 and all(isinstance(d, int) for d in configured):
+        return configured[0], configured[1]  # [height, width] (Swin, DeiT configs may say so)
     try:
         processor = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

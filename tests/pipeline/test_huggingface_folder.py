@@ -86,9 +86,16 @@ def test_a_vision_folder_without_image_size_reads_its_image_processor(tmp_path: 
     assert code == 0, err
     (image,) = yaml.safe_load((tmp_path / "resnet.yaml").read_text())["spec"]["inputs"]
     assert (image["name"], image["shape"]) == ("pixel_values", [-1, 3, 64, 64]), image
+    # A config's [height, width] comes first.
+    config_file = tmp_path / "resnet" / "config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"image_size": [48, 40]}))
+    code, _, err = _cli("init", str(tmp_path / "resnet"), "--force")
+    (image,) = yaml.safe_load((tmp_path / "resnet.yaml").read_text())["spec"]["inputs"]
+    assert code == 0 and image["shape"] == [-1, 3, 48, 40], (err, image)
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"image_size": None}))
     # Without a processor either, it still says what to write.
     (tmp_path / "resnet" / "preprocessor_config.json").unlink()
-    code, _, err = _cli("init", str(tmp_path / "resnet"))
+    code, _, err = _cli("init", str(tmp_path / "resnet"), "--force")
     assert code == 2 and "pixel_values" in err and "spec.inputs" in err, err
 
 
