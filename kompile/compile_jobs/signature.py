@@ -76,9 +76,9 @@ def _dim_name(raw: str, fallback: str) -> str:
 def read_signature(path: Path, fmt: str) -> list[Input]:
     """The inputs of an .onnx or .pt2 file, in call order."""
     if fmt == "onnx":
-        return _named(path, _onnx_inputs(path))
+        return _declarable(path, _onnx_inputs(path))
     if fmt == "pt2":
-        return _pt2_inputs(path)
+        return _declarable(path, _pt2_inputs(path))
     if fmt == "huggingface":
         return _folder_inputs(path)
     raise SourceError(
@@ -87,11 +87,18 @@ def read_signature(path: Path, fmt: str) -> list[Input]:
     )
 
 
-def _named(path: Path, inputs: list[Input]) -> list[Input]:
-    """`inputs`, or a SourceError for the first whose name spec.inputs cannot hold."""
+def _declarable(path: Path, inputs: list[Input]) -> list[Input]:
+    """`inputs`, or a SourceError for the first that spec.inputs cannot declare: a name it cannot
+    hold, or a scalar."""
     from kompile.api.spec import INPUT_NAME_PATTERN
 
     for item in inputs:
+        if not item.shape:
+            raise SourceError(
+                f"{path}: input {item.name!r} is a scalar (0-d), which spec.inputs cannot declare: "
+                "give the model a 1-element input (shape [1]) reshaped inside it, or make the value a "
+                "constant of the model"
+            )
         if not re.fullmatch(INPUT_NAME_PATTERN, item.name):
             raise SourceError(
                 f"{path}: input {item.name!r} has a name kompile cannot carry (it takes letters, digits "

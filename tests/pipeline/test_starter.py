@@ -269,6 +269,25 @@ def test_onnx_inputs_named_by_number_run_and_others_are_told_what_to_rename(tmp_
         assert "unexpectedly" not in text, text
 
 
+def test_a_scalar_input_is_an_input_error_saying_what_to_do(tmp_path: Path) -> None:
+    """A model taking a 0-d input (a temperature beside the batch) ended `kompile run` with
+    "kompile failed unexpectedly: ValidationError ... InputSpec"."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    t = helper.make_tensor_value_info("temperature", TensorProto.FLOAT, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph([helper.make_node("Div", ["x", "temperature"], ["y"])], "g", [x, t], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(tmp_path / "scaled.onnx"))
+    for verb in ("init", "run"):
+        code, _, err = _cli(verb, str(tmp_path / "scaled.onnx"))
+        text = " ".join(err.split())
+        assert code == 2 and "input 'temperature' is a scalar (0-d)" in text and "[1]" in text, text
+        assert "unexpectedly" not in text, text
+
+
 def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
     """A graph exported at batch 4 runs only at 4: batchSizes [1] would time nothing there."""
     from models.small import small_cnn  # type: ignore[import-not-found]
