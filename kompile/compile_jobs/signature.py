@@ -127,7 +127,18 @@ def _onnx_inputs(path: Path) -> list[Input]:
     for vi in model.graph.input:
         if vi.name in weights:
             continue
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":  # a sequence or map (ONNX-ML), or no type at all
+            raise SourceError(
+                f"{path}: input {vi.name!r} is {kind.removesuffix('_type') if kind else 'untyped'}, not a "
+                "tensor: kompile feeds tensors"
+            )
         tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            raise SourceError(
+                f"{path}: input {vi.name!r} has no shape in the graph (its rank is unknown): write its "
+                "shape in spec.inputs of a manifest (examples/small-cnn.yaml is one)"
+            )
         dtype = _ONNX_DTYPES.get(tt.elem_type)
         if dtype is None:
             import onnx

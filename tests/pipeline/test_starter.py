@@ -281,11 +281,21 @@ def test_a_scalar_input_is_an_input_error_saying_what_to_do(tmp_path: Path) -> N
     graph = helper.make_graph([helper.make_node("Div", ["x", "temperature"], ["y"])], "g", [x, t], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(model, str(tmp_path / "scaled.onnx"))
-    for verb in ("init", "run"):
-        code, _, err = _cli(verb, str(tmp_path / "scaled.onnx"))
-        text = " ".join(err.split())
-        assert code == 2 and "input 'temperature' is a scalar (0-d)" in text and "[1]" in text, text
-        assert "unexpectedly" not in text, text
+    # Nor an input whose rank the graph does not say, nor one that is no tensor.
+    del model.graph.input[1].type.tensor_type.shape.dim[:]
+    model.graph.input[1].type.tensor_type.ClearField("shape")
+    onnx.save(model, str(tmp_path / "unshaped.onnx"))
+    model.graph.input[1].type.CopyFrom(helper.make_sequence_type_proto(t.type))
+    onnx.save(model, str(tmp_path / "sequence.onnx"))
+    for name, said in (
+        ("scaled.onnx", "input 'temperature' is a scalar (0-d)"),
+        ("unshaped.onnx", "input 'temperature' has no shape in the graph"),
+        ("sequence.onnx", "input 'temperature' is sequence, not a tensor"),
+    ):
+        for verb in ("init", "run"):
+            code, _, err = _cli(verb, str(tmp_path / name))
+            text = " ".join(err.split())
+            assert code == 2 and said in text and "unexpectedly" not in text, text
 
 
 def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
