@@ -106,6 +106,55 @@ def in_eval_mode(module: Any) -> Any:
         return module
 
 
+class ProgramCall(torch.nn.Module):  # type: ignore[misc]
+    """A torch.export program's module called as it was exported: its tensors given in order (the
+    spec's), passed as the program's arguments and keywords, with the non-tensor values it was
+    exported with (a float option) filled in. Called otherwise it refuses ("Ran into a kwarg
+    keyword mismatch"): exported with keywords (Hugging Face models are), or with a float."""
+
+    wraps_source = True
+
+    def __init__(self, inner: torch.nn.Module, program: Any, label: str) -> None:
+        super().__init__()
+        from torch.export.graph_signature import ConstantArgument, InputKind
+
+        self.inner = inner
+        self.kompile_label = label
+        self.in_spec = program.call_spec.in_spec
+        # The user inputs in flatten order: a tensor taken from the caller, or a value kept.
+        self.constants: list[tuple[bool, Any]] = [
+            (isinstance(s.arg, ConstantArgument), getattr(s.arg, "value", None))
+            for s in program.graph_signature.input_specs
+            if s.kind == InputKind.USER_INPUT
+        ]
+
+    def train(self, mode: bool = True) -> ProgramCall:
+        self.training = mode  # the program's module refuses train() and eval()
+        return self
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        given = iter(tensors)
+        leaves = [value if constant else next(given) for constant, value in self.constants]
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        return self.inner(*args, **kwargs)
+
+
+def program_module(program: Any, label: str) -> Any:
+    """The module of a loaded .pt2: itself where the program takes its tensors in order and nothing
+    else, else a ProgramCall that calls it as it was exported."""
+    module = program.module()
+    module.kompile_label = label  # sources.module_label: its class is torch's generated GraphModule
+    positional = (
+        program.call_spec.in_spec is not None
+        and not pytree.tree_unflatten([0] * program.call_spec.in_spec.num_leaves, program.call_spec.in_spec)[
+            1
+        ]
+    )
+    if positional and all(not c for c, _ in ProgramCall(module, program, label).constants):
+        return module
+    return ProgramCall(module, program, label)
+
+
 def _flat(out: Any) -> bool:
     return isinstance(out, torch.Tensor) or (
         type(out) is tuple and all(isinstance(t, torch.Tensor) for t in out)

@@ -76,9 +76,15 @@ class LoadedSource:
 
 
 def module_label(module: Any) -> str:
-    """The user's class name for messages, through source_module.SourceModule's wrapping."""
-    inner = module.inner if getattr(module, "wraps_source", False) else module
-    return type(inner).__qualname__
+    """The user's class name for messages, through source_module's wrappers; a .pt2's file name
+    (its module's class is one torch generates)."""
+    while True:
+        label = getattr(module, "kompile_label", None)
+        if isinstance(label, str):
+            return label
+        if not getattr(module, "wraps_source", False):
+            return type(module).__qualname__
+        module = module.inner
 
 
 def detect_format(uri: str) -> str:
@@ -265,8 +271,10 @@ def _load_torch_file(path: Path, fmt: str, log: Path) -> tuple[Any, Any]:
     try:
         with source_files.quiet_torch_loading(), output_to(log):
             if fmt == "pt2":
+                from kompile.compile_jobs.source_module import program_module
+
                 program = torch.export.load(str(path))
-                return program.module(), program
+                return program_module(program, path.name), program
             return torch.jit.load(str(path), map_location="cpu").eval(), None
     except (RuntimeError, ValueError, OSError, KeyError, AttributeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

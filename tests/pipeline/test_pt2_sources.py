@@ -71,3 +71,44 @@ def test_a_torchscript_source_is_no_source_for_torch_export_backends(
         assert (t["phase"], t["reason"]) == ("Skipped", "UnsupportedSource"), t
         assert "TorchScript" in t["message"] and "torch.export.save" in t["message"], t["message"]
         assert "onnxruntime" in t["message"] and "Graph breaks" not in t["message"], t["message"]
+
+
+class _Scored(torch.nn.Module):
+    """Token-style inputs passed by keyword, and a float option beside them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(100, 8)  # ids kompile generates: [0, 100)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scale: float = 1.0) -> Any:
+        hidden = self.embed(input_ids) * attention_mask.unsqueeze(-1).float()
+        return hidden.mean(dim=1) * scale
+
+
+@pytest.mark.parametrize("call", ["keywords", "constant"])
+def test_a_pt2_exported_with_keywords_or_a_constant_runs(call: str, tmp_path: Path) -> None:
+    """A program exported with its inputs as keywords (torch.export.export(model, (), {"input_ids":
+    ...}), as Hugging Face models are), or with a float beside its tensors, must be called that
+    way: "Ran into a kwarg keyword mismatch: Got the following keywords [] but expected
+    ['input_ids', 'attention_mask']", and the whole run failed."""
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    ids, mask = torch.randint(0, 100, (1, 6)), torch.ones(1, 6, dtype=torch.int64)
+    if call == "keywords":
+        program = torch.export.export(_Scored().eval(), (), {"input_ids": ids, "attention_mask": mask})
+    else:
+        program = torch.export.export(_Scored().eval(), (ids, mask, 2.0))
+    torch.export.save(program, str(tmp_path / "scored.pt2"))
+    res = CliRunner().invoke(
+        app,
+        ["run", str(tmp_path / "scored.pt2"), "--json", "--no-register", "--work-dir", str(tmp_path / "w")],
+    )
+    assert res.exit_code == 0, res.stderr
+    (target,) = json.loads(res.stdout)["targets"]
+    phases = {c["name"]: c["phase"] for c in target["candidates"]}
+    assert phases.get("onnxruntime-fp32") == "Succeeded" and phases.get("inductor-fp32") == "Succeeded", (
+        target["candidates"]
+    )
