@@ -42,10 +42,13 @@ def _by_name(module: Any, names: Sequence[str]) -> bool:
 
 
 def _required_params(module: Any) -> list[str] | None:
-    """forward()'s parameters a call must fill (None when it has no readable signature)."""
+    """forward()'s parameters a call must fill (None when it has no readable signature, or takes
+    any number: forward(*tensors), as ProgramCall's)."""
     try:
         params = inspect.signature(module.forward).parameters.values()
     except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
         return None
     return [
         p.name

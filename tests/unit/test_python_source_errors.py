@@ -117,3 +117,15 @@ def test_a_float64_module_is_told_to_become_float32() -> None:
     message = _reference_error(torch.nn.Linear(4, 2).double())
     assert "weights are float64, which kompile does not compile" in message, message
     assert ".float()" in message and "dtype: float64" not in message, message
+
+
+class _TakesAny(torch.nn.Module):
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return tensors[0][5]
+
+
+def test_a_forward_taking_any_number_of_tensors_gets_no_call_hint() -> None:
+    """forward(*tensors) (a .pt2 called as exported) takes what it is given: "forward() was called
+    with spec.inputs x in that order" said nothing true about why it failed."""
+    message = _reference_error(_TakesAny())
+    assert "IndexError" in message and "was called with" not in message, message
