@@ -147,15 +147,13 @@ def program_module(program: Any, label: str) -> Any:
     else, else a ProgramCall that calls it as it was exported."""
     module = program.module()
     module.kompile_label = label  # sources.module_label: its class is torch's generated GraphModule
-    positional = (
-        program.call_spec.in_spec is not None
-        and not pytree.tree_unflatten([0] * program.call_spec.in_spec.num_leaves, program.call_spec.in_spec)[
-            1
-        ]
-    )
-    if positional and all(not c for c, _ in ProgramCall(module, program, label).constants):
+    if program.call_spec.in_spec is None:
         return module
-    return ProgramCall(module, program, label)
+    call = ProgramCall(module, program, label)
+    _, kwargs = pytree.tree_unflatten([0] * call.in_spec.num_leaves, call.in_spec)
+    if not kwargs and not any(constant for constant, _ in call.constants):
+        return module
+    return call
 
 
 def _flat(out: Any) -> bool:
