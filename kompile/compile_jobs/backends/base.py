@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -218,12 +219,17 @@ def get_backend(name: str) -> Backend:
     """Import `kompile.compile_jobs.backends.<name>` and return its BACKEND instance."""
     if name not in CATALOG:
         raise BackendUnavailable(f"unknown backend {name!r}; the catalog has {sorted(CATALOG)}")
+    qualified = f"kompile.compile_jobs.backends.{name}"
+    imported = sys.modules.get(qualified)
+    if imported is not None:  # looked up once per candidate: only the first import prints
+        backend: Backend = imported.BACKEND
+        return backend
     printed: list[str] = []
     try:
         # Compiler packages print notes as they are imported (coremltools: eleven lines on versions
         # it has not tested and macOS libraries): kept for --debug, not amid a run's progress.
         with output_held(printed):
-            module = importlib.import_module(f"kompile.compile_jobs.backends.{name}")
+            module = importlib.import_module(qualified)
     except ModuleNotFoundError as err:
         if err.name and err.name.endswith(f"backends.{name}"):
             raise BackendUnavailable(f"backend {name!r} is in the catalog but has no module") from None
