@@ -165,6 +165,13 @@ def _ready(h: dict[str, Any], namespace: str, name: str, reason: str) -> dict[st
     return None
 
 
+def _sees_class(h: dict[str, Any], name: str) -> bool:
+    """The operator's last fleet log line names the hardware class."""
+    log = (h["log"] / "operator.log").read_text()
+    lines = [ln for ln in log.splitlines() if "hardware classes now" in ln]
+    return bool(lines) and name in lines[-1]
+
+
 def _jobs(h: dict[str, Any], namespace: str, name: str | None = None) -> list[Any]:
     selector = f"kompile.dev/compiledmodel={name}" if name else None
     items: list[Any] = h["batch"].list_namespaced_job(namespace, label_selector=selector).items
@@ -327,6 +334,10 @@ def test_too_many_hardware_classes_get_a_status_reason_and_no_job(hostile: dict[
             "nvidia.com/gpu.compute.minor": "0",
         }
         core.create_node(kwok_node(name, labels))
+    # The Node and CompiledModel watches are separate streams: a CompiledModel seen before the last
+    # Node would be (rightly) compiled for the smaller fleet. Wait until the operator counts all 13.
+    last = "gpu-nvidia-test-7-sm90"
+    wait_for("the operator to see the extra GPU classes", lambda: _sees_class(hostile, last))
     try:
         doc = small_cnn_manifest(
             "too-many", fleet={"enabled": True, "precisions": ["fp32", "fp16", "bf16", "int8", "auto"]}
