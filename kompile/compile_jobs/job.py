@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from kompile.api.cache import progress_uri
 from kompile.api.job_contract import (
@@ -81,12 +82,24 @@ def _store_writable(uri: str, endpoint: str | None, target: Target, hw_class: st
             uri, JobProgress(line="[pipeline] starting", at=now, started=now).dumps().encode(), endpoint
         )
     except StoreDenied as err:
-        message = f"{err}: {own_keys_hint(err.code)}"
-        _terminate(compact_result(_failed(target, "StoreRefused", message, hw_class), None, None))
-        print(f"kompile-job: {message}", file=sys.stderr)
-        raise SystemExit(ExitCode.BAD_INPUT) from None
+        _refused(err, target, hw_class)
     except StoreError:
         pass
+
+
+# A token that expired during the compile: a new pod reads the Secret again and may hold a fresh one.
+RENEWABLE_CODES = frozenset({"ExpiredToken", "TokenRefreshRequired"})
+
+
+def _refused(err: StoreDenied, target: Target, hw_class: str) -> NoReturn:
+    """The store said no to this Job's keys: a retried pod would get the same no (after compiling
+    again), so the target fails at once, StoreRefused, saying what to check; unless the token expired."""
+    message = f"{err}: {own_keys_hint(err.code)}"
+    print(f"kompile-job: {message}", file=sys.stderr)
+    if err.code in RENEWABLE_CODES:
+        raise SystemExit(ExitCode.STORE)
+    _terminate(compact_result(_failed(target, "StoreRefused", message, hw_class), None, None))
+    raise SystemExit(ExitCode.BAD_INPUT)
 
 
 def _pull_timing_cache(endpoint: str | None) -> StoreSync | None:
@@ -207,6 +220,8 @@ def _run(
         reporter.stage(None, f"publishing to {prefix}")
         try:
             _publish(result.built[0].repo_dir, status, prefix, endpoint)
+        except StoreDenied as err:
+            _refused(err, target, hw_class)
         except StoreError as err:
             print(f"kompile-job: {err}", file=sys.stderr)
             raise SystemExit(ExitCode.STORE) from None

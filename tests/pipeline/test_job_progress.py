@@ -108,3 +108,29 @@ def test_a_job_whose_keys_the_store_refuses_stops_before_the_compile(
     assert code == ExitCode.BAD_INPUT and status.phase == "Failed", status
     assert status.reason == "StoreRefused" and "AWS_SECRET_ACCESS_KEY" in (status.message or ""), status
     assert "compiling with" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code"),
+    [("AccessDenied", ExitCode.BAD_INPUT), ("ExpiredToken", ExitCode.STORE)],
+)
+def test_an_upload_the_store_refuses_after_the_compile_is_not_retried_unless_a_new_pod_can_help(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str, exit_code: ExitCode
+) -> None:
+    """The note was written, then the artifact upload is refused (a bucket policy that lets the keys
+    write progress/ but not the artifact's folder). A retried pod would compile again for the same no:
+    the Job fails at once, StoreRefused, saying what to check. An expired session token is the
+    exception: a new pod reads the Secret again, and a rotated token works."""
+    from kompile.artifact_store import StoreDenied
+    from kompile.compile_jobs import job
+
+    def refuse(src: Path, uri: str, endpoint: str | None = None) -> None:
+        raise StoreDenied(f"upload to {uri} failed: {code}", code)
+
+    monkeypatch.setattr(job, "put_tree", refuse)
+    doc = small_cnn_doc()
+    exited, status = run_compile_job(monkeypatch, doc, Target(name="cpu-fp32"), tmp_path, EXAMPLES)
+    assert exited == exit_code, (exited, status)
+    if exit_code == ExitCode.BAD_INPUT:
+        assert (status.phase, status.reason) == ("Failed", "StoreRefused"), status
+        assert "may use this bucket" in (status.message or ""), status
