@@ -68,6 +68,10 @@ def _image_axis(item: Input, axis: int) -> bool:
     return (shape[1] in (1, 3) and axis in (2, 3)) or (shape[3] in (1, 3) and axis in (1, 2))
 
 
+# Dim names a converter made up, not a person: tf2onnx's unk__12, torch's exporter's s0 / s77.
+_GENERATED_DIM = re.compile(r"^(unk__\d+|s\d+)$")
+
+
 def _dim_name(raw: str, fallback: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_]", "_", raw).strip("_")
     return name if name and not name[0].isdigit() else fallback
@@ -123,6 +127,7 @@ def _onnx_inputs(path: Path) -> list[Input]:
     model = source_files.read_onnx_graph(path)
     source_files.check_onnx(path, model)
     weights = {t.name for t in model.graph.initializer}
+    generated: dict[str, str] = {}
     out: list[Input] = []
     for vi in model.graph.input:
         if vi.name in weights:
@@ -155,7 +160,14 @@ def _onnx_inputs(path: Path) -> list[Input]:
                 shape.append(int(d.dim_value))
             else:
                 fallback = "batch" if axis == 0 else f"{_dim_name(vi.name, 'input')}_dim{axis}"
-                shape.append(Dim(_dim_name(d.dim_param, fallback) if d.dim_param else fallback))
+                if not d.dim_param:
+                    shape.append(Dim(fallback))
+                elif _GENERATED_DIM.match(d.dim_param):  # one readable name per symbol: inputs stay tied
+                    if d.dim_param not in generated and fallback in generated.values():
+                        fallback = f"{_dim_name(vi.name, 'input')}_dim{axis}"  # another symbol is batch
+                    shape.append(Dim(generated.setdefault(d.dim_param, fallback)))
+                else:
+                    shape.append(Dim(_dim_name(d.dim_param, fallback)))
         out.append(Input(vi.name, dtype, shape))
     return out
 

@@ -308,3 +308,27 @@ def test_init_times_a_static_model_at_its_own_batch(tmp_path: Path) -> None:
     assert code == 0, err
     spec = _spec(tmp_path / "fixed.yaml")
     assert spec["inputs"][0]["shape"] == [4, 3, 32, 32] and spec["benchmark"] == {"batchSizes": [4]}
+
+
+def test_dims_a_converter_named_get_readable_names_and_stay_shared(tmp_path: Path) -> None:
+    """tf2onnx names unknown dims unk__12, torch's exporter s0: `kompile init` wrote them as the
+    dims' names ("unk__12: min 1, max 32"), which tell a user nothing. They read as batch and
+    <input>_dim<axis> now, and a dim two inputs share keeps one name (their sizes stay tied)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def info(name: str, dims: list[str]) -> Any:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+    for batch, seq in (("unk__12", "unk__13"), ("s0", "s77")):
+        ins = [info("input_ids:0", [batch, seq]), info("mask:0", [batch, seq])]
+        add = helper.make_node("Add", ["input_ids:0", "mask:0"], ["out"])
+        graph = helper.make_graph([add], "g", ins, [info("out", [batch, seq])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        path = tmp_path / f"{batch}.onnx"
+        onnx.save(model, str(path))
+        code, _, err = _cli("init", str(path))
+        assert code == 0, err
+        spec = _spec(tmp_path / f"{batch}.yaml")
+        names = [[d["name"] for d in inp["dynamicDims"]] for inp in spec["inputs"]]
+        assert names == [["batch", "input_ids_0_dim1"], ["batch", "input_ids_0_dim1"]], names
