@@ -135,3 +135,38 @@ def test_an_s3_source_brings_its_external_data_and_names_a_missing_file(
     for phrase in ("split.onnx.data", f"s3://{bucket}/models/split.onnx.data", "upload it there"):
         assert phrase in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_weights_too_small_to_stay_outside_ship_inside_the_graph(
+    kompile_run: Callable[..., Any], write_manifest: Callable[..., Path], tmp_path: Path
+) -> None:
+    """torch.onnx.export (dynamo) writes a data file for any model, a small one too; ONNX Runtime
+    keeps weights under 1 KB in the graph it saves, so no model.onnx.data was written, and the
+    run ended "kompile failed unexpectedly: FileNotFoundError ... model.onnx.data"."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(
+        np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32), "w"
+    )
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input", "w"], ["logits"])],
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    source = tmp_path / "tiny.onnx"
+    onnx.save_model(
+        model, str(source), save_as_external_data=True, location="tiny.onnx.data", size_threshold=0
+    )
+    doc = _manifest(source)
+    doc["spec"]["inputs"] = [{"name": "input", "shape": [1, 16]}]
+    doc["spec"]["targets"] = doc["spec"]["targets"][:2]
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 0, res.stderr
+    targets = json.loads(res.stdout)["targets"]
+    assert [t["phase"] for t in targets] == ["Succeeded", "Succeeded"], targets
+    for target in targets:
+        version = Path(target["artifact"]["uri"].removeprefix("file://")) / "split" / "1"
+        assert sorted(p.name for p in version.iterdir()) == ["model.onnx"], target

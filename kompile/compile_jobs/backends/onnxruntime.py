@@ -501,6 +501,11 @@ class OnnxRuntimeBackend(Backend):
         disabled = [] if opts.skip_layer_norm else ["SkipLayerNormFusion"]
         record["disabledOptimizers"] = ",".join(disabled)
         optimize_and_save(graph, final, opts.opt_level, threads, disabled, data_file)
+        # ONNX Runtime keeps weights under its 1 KB threshold in the graph: a small (or int8) model
+        # whose source had a data file may get none.
+        if data_file and not (final.parent / data_file).is_file():
+            data_file = None
+            record.pop("externalData", None)
         return CompiledArtifact(
             backend=self.name,
             model_path=final,
