@@ -21,7 +21,7 @@ from kompile.api.resource import CompiledModel
 from kompile.api.spec import InputSpec, Selection, Target, Validation
 from kompile.api.status import CANDIDATES_MAX, Artifact, TargetStatus, Thresholds
 from kompile.api.vocabulary import NAME_MAX
-from kompile.compile_jobs import export, sources, triton, validate
+from kompile.compile_jobs import export, sources, timing, triton, validate
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
@@ -70,6 +70,8 @@ class BuildContext:
     """Whether each validated artifact stays loaded for the benchmark (None: all do)."""
     deadline: JobDeadline | None = None
     """When the compile Job's deadline ends (None: a local run, or no deadline told)."""
+    reference_runner: Runner | None = None
+    """What runs an ONNX source as given (eager for a PyTorch source is ctx.loaded.module)."""
 
     def build_dir(self, label: str) -> Path:
         return self.work_dir / "build" / label
@@ -127,6 +129,7 @@ class _Tournament:
         target, ts = self.planned.target, self.planned.status
         ladder = target.precision == AUTO
         passed: str | None = None
+        probed: set[str] = set()
         not_tried: list[str] = []
         served = _served(self.ctx.cm)
         notes = arch_notes(target, self.device, self.ctx.arch) + device_only_notes(
@@ -140,6 +143,10 @@ class _Tournament:
             if cand.precision == "int8" and self.ctx.loaded.quantized:
                 requantize = True
                 continue
+            if ladder and passed is not None and cand.precision != passed and passed not in probed:
+                probed.add(passed)
+                if not self._beats_source(passed, cand.precision):
+                    passed = None  # a rung slower than the source ends nothing: the next is built too
             if ladder and passed is not None and cand.precision != passed:
                 if cand.precision not in not_tried:
                     not_tried.append(cand.precision)
@@ -159,6 +166,34 @@ class _Tournament:
                 f"{', '.join(not_tried)}: not tried, {passed} validated first (precision auto stops at "
                 "the first precision that passes; each later one is expected slower)"
             )
+
+    def _beats_source(self, precision: str, following: str) -> bool:
+        """Whether the rung's fastest validated candidate ran faster than the source in a quick
+        timing: "each later rung is slower" holds for a model big enough to be bound by its
+        arithmetic, not for a small one, where int8's quantize and dequantize steps cost more than
+        they save (a 16x4 MatMul: 0.5x eager). Unknown (nothing to time, a runner failed): yes."""
+        runners = {
+            b.target.name: b.runner
+            for b in self.planned.built
+            if b.target.precision == precision
+            and b.runner is not None
+            and not isinstance(b.runner, UnloadedRunner)  # unloaded to bound memory: a big model
+            and _validated(b.status)
+        }
+        try:
+            speedups = timing.quick_speedups(self.ctx.cm, self.ctx.loaded, self.ctx.reference_runner, runners)
+        except (BackendError, *RUN_ERRORS) as err:
+            self.ctx.reporter.stage(self.planned.target.name, f"quick timing of {precision} failed: {err}")
+            return True
+        best = max(speedups.values(), default=None)
+        if best is None or best >= 1.0:
+            return True
+        self.ctx.reporter.stage(
+            self.planned.target.name,
+            f"{precision} validated but ran at {best:.2f}x the source in a quick timing: building "
+            f"{following} too",
+        )
+        return False
 
     def _remedy(self, failed: Target, built: BuiltTarget) -> bool:
         """The failed int8 candidate's remedies in order, until one validates."""

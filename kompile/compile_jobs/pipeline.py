@@ -169,6 +169,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         arch=opts.arch or local_arch(),
         residency=Residency.for_run(weights_bytes(loaded.module, onnx_path), limit),
         deadline=opts.deadline,
+        reference_runner=reference_runner,
     )
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter)

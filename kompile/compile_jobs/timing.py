@@ -125,6 +125,27 @@ def run_benchmark(
     return baselines
 
 
+PROBE_ROUNDS = 10
+
+
+def quick_speedups(
+    cm: CompiledModel,
+    loaded: sources.LoadedSource,
+    reference_runner: Runner | None,
+    runners: dict[str, Runner],
+) -> dict[str, float]:
+    """Each runner's speedup over eager in a short interleaved timing at the first benchmark batch:
+    enough to tell a clear loss (the precision ladder asks it), not a figure to report."""
+    batch = inputs.static_batch(cm.spec.inputs) or cm.spec.benchmark.batch_sizes[0]
+    feed = batch_feeds(cm, batch)
+    if feed is None or not runners:
+        return {}
+    fns = {"eager": _reference_call(loaded, reference_runner, feed, cm)}
+    fns |= {label: _runner_call(runner, feed) for label, runner in runners.items()}
+    stats = bench.time_interleaved(fns, batch, 2, PROBE_ROUNDS, pause_s=PAUSE_S, settle=SETTLE_CALLS)
+    return {label: stats["eager"].p50_ms / max(stats[label].p50_ms, 1e-9) for label in runners}
+
+
 def _runs_at(label: str, runner: Runner, feed: inputs.Feed, batch: int, reporter: StageReporter) -> bool:
     """Whether the artifact takes this batch: one exported at a static shape (an ExecuTorch
     program) runs only that one, and is left out of the other batch sizes' rounds."""
