@@ -168,8 +168,34 @@ def _onnx_inputs(path: Path) -> list[Input]:
                     shape.append(Dim(generated.setdefault(d.dim_param, fallback)))
                 else:
                     shape.append(Dim(_dim_name(d.dim_param, fallback)))
-        out.append(Input(vi.name, dtype, shape))
+        vocab = _onnx_vocabulary(model.graph, vi.name) if dtype.startswith("int") else None
+        out.append(Input(vi.name, dtype, shape, *((0, vocab) if vocab else (None, None))))
     return out
+
+
+# Ops between an integer input and the embedding lookup that leave its values as they are.
+_VALUE_KEEPING = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+
+
+def _onnx_vocabulary(graph: Any, name: str) -> int | None:
+    """The rows of the embedding table an integer input indexes (a Gather on axis 0 of a weight,
+    perhaps after a Cast): its token ids must stay below that."""
+    tables = {t.name: list(t.dims) for t in graph.initializer}
+    frontier, seen = [name], set()
+    while frontier:
+        current = frontier.pop()
+        seen.add(current)
+        for node in graph.node:
+            if current not in node.input:
+                continue
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if node.op_type == "Gather" and list(node.input)[1:2] == [current] and axis == 0:
+                dims = tables.get(node.input[0])
+                if dims:
+                    return int(dims[0])
+            elif node.op_type in _VALUE_KEEPING and node.input[0] == current:
+                frontier += [o for o in node.output if o not in seen]
+    return None
 
 
 def _pt2_inputs(path: Path) -> list[Input]:
@@ -207,8 +233,19 @@ def _pt2_inputs(path: Path) -> list[Input]:
             bounds = ranges.get(symbol)
             low, high = (int(bounds.lower), bounds.upper) if bounds is not None else (1, None)
             shape.append(Dim(name, max(1, low), int(high) if high is not None and high.is_finite else None))
-        out.append(Input(node.name, dtype, shape))
+        vocab = _pt2_vocabulary(node) if dtype.startswith("int") else None
+        out.append(Input(node.name, dtype, shape, *((0, vocab) if vocab else (None, None))))
     return out
+
+
+def _pt2_vocabulary(node: Any) -> int | None:
+    """The rows of the embedding table an integer input indexes (aten.embedding's weight)."""
+    for user in node.users:
+        if "embedding" in str(user.target) and len(user.args) > 1 and user.args[1] is node:
+            value = getattr(user.args[0], "meta", {}).get("val")
+            if value is not None and len(value.shape) == 2 and isinstance(value.shape[0], int):
+                return int(value.shape[0])
+    return None
 
 
 def _unfed(path: Path, name: str, dtype: str) -> str:
@@ -220,6 +257,17 @@ def _unfed(path: Path, name: str, dtype: str) -> str:
     )
     feeds = ", ".join(sorted(set(_TORCH_DTYPES.values())))
     return f"{path}: input {name!r} is {dtype}, which kompile cannot feed (it feeds {feeds}): {fix}"
+
+
+def _token_range(name: str) -> tuple[int, int]:
+    """[low, high) for an integer input the model says nothing of: what a tokenizer writes for the
+    usual names (a mask of ones, token types of zeros), else ids in a small vocabulary."""
+    lowered = name.lower()
+    if lowered.endswith("mask"):
+        return 1, 2
+    if lowered.endswith(("type_ids", "segment_ids")):
+        return 0, 1
+    return 0, 100
 
 
 def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
@@ -250,7 +298,6 @@ def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]])
         elif item.dtype == "uint8":  # image bytes: the whole range
             doc |= {"low": 0, "high": 256}
         elif item.dtype in ("int64", "int32"):
-            # Token ids and such: stay in a small vocabulary unless told otherwise.
-            doc |= {"low": 0, "high": 100}
+            doc |= dict(zip(("low", "high"), _token_range(item.name), strict=True))
         docs.append(doc)
     return docs

@@ -106,7 +106,7 @@ def test_init_takes_the_ranges_a_pt2_records(tmp_path: Path) -> None:
     assert (batch["name"], batch["min"], batch["max"]) == ("batch", 1, 16)
     assert (time["min"], time["max"]) == (2, 200)  # torch.export's own bounds
     assert mask["dynamicDims"] == frames["dynamicDims"]  # shared symbols share a name
-    assert (mask["low"], mask["high"]) == (0, 100)
+    assert (mask["low"], mask["high"]) == (1, 2)  # a mask: ones, as a tokenizer writes for a full row
 
 
 def test_run_a_model_file_directly_and_print_its_manifest(tmp_path: Path) -> None:
@@ -332,3 +332,53 @@ def test_dims_a_converter_named_get_readable_names_and_stay_shared(tmp_path: Pat
         spec = _spec(tmp_path / f"{batch}.yaml")
         names = [[d["name"] for d in inp["dynamicDims"]] for inp in spec["inputs"]]
         assert names == [["batch", "input_ids_0_dim1"], ["batch", "input_ids_0_dim1"]], names
+
+
+def test_token_inputs_get_the_values_a_tokenizer_gives(tmp_path: Path) -> None:
+    """`kompile init` on a BERT-like ONNX file gave every integer input ids in [0, 100): an
+    attention mask of 37 is no mask any tokenizer writes (it scales the attention scores instead of
+    masking them), and int8 was calibrated on it. Masks are ones, token types zeros, and token ids
+    span the vocabulary the embedding table holds."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.zeros((1000, 8), np.float32), "embeddings")
+    ins = [
+        helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+        for n in ("input_ids", "attention_mask", "token_type_ids")
+    ]
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["embeddings", "ids32"], ["embedded"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["token_type_ids"], ["t"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["m", "t"], ["mt"]),
+        helper.make_node("Unsqueeze", ["mt", "axes"], ["mt3"]),
+        helper.make_node("Mul", ["embedded", "mt3"], ["out"]),
+    ]
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "sequence", 8])
+    graph = helper.make_graph(nodes, "g", ins, [out], [table, axes])
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+        tmp_path / "t.onnx",
+    )
+    code, _, err = _cli("init", str(tmp_path / "t.onnx"))
+    assert code == 0, err
+    ranges = {i["name"]: (i["low"], i["high"]) for i in _spec(tmp_path / "t.yaml")["inputs"]}
+    assert ranges == {"input_ids": (0, 1000), "attention_mask": (1, 2), "token_type_ids": (0, 1)}, ranges
+
+    class Embedded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(500, 8)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.embed(input_ids).sum(1)
+
+    program = torch.export.export(Embedded().eval(), (torch.zeros(1, 4, dtype=torch.int64),))
+    torch.export.save(program, str(tmp_path / "e.pt2"))
+    code, _, err = _cli("init", str(tmp_path / "e.pt2"))
+    assert code == 0, err
+    (ids,) = _spec(tmp_path / "e.yaml")["inputs"]
+    assert (ids["low"], ids["high"]) == (0, 500), ids
