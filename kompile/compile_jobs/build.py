@@ -34,6 +34,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16, local_cuda_class
+from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.residency import Residency, UnloadedRunner
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
 
@@ -533,7 +534,18 @@ def reference_results(
         from kompile.compile_jobs.reference import OnnxReferenceRunner
 
         runner = OnnxReferenceRunner(onnx_path, threads or 1)
-    return RunResults(f"onnx:{label}", list(runner.output_names), [runner.run(f) for f in feeds], feeds)
+    outputs = []
+    for feed in feeds:
+        try:
+            outputs.append(runner.run(feed))
+        except RUN_ERRORS as err:  # the source itself refused the inputs: the spec's to change
+            shapes = {k: list(v.shape) for k, v in feed.items()}
+            raise InputMismatch(
+                f"the source model {label} failed on inputs shaped {shapes}: {err}; "
+                f"{export.dims_hint(signature, feed)}"
+                "check spec.inputs (names, dtypes, shapes) against the model"
+            ) from None
+    return RunResults(f"onnx:{label}", list(runner.output_names), outputs, feeds)
 
 
 def run_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatus) -> RunResults | None:

@@ -74,6 +74,7 @@ def eager_outputs(
                     f"{module_label(module)} failed on inputs shaped "
                     f"{ {k: list(v.shape) for k, v in feed.items()} }: {kind}{_first_line(err)}"
                     f"{f' (at {at})' if at else ''}; {_dtype_hint(module, signature)}"
+                    f"{dims_hint(signature, feed)}"
                     f"{forward_hint(module, [s.name for s in signature])}"
                     "check spec.inputs (names, dtypes, shapes) against the model's forward()"
                 ) from None
@@ -85,6 +86,25 @@ def eager_outputs(
                 ]
             )
     return results
+
+
+def dims_hint(signature: Sequence[InputSpec], feed: Feed) -> str:
+    """The dynamic dims (batch aside) at the sizes the failing feed had, and how to set others: a
+    guessed size (128 for a dim named like a sequence) can be too small for a model (a convolution
+    over 400 audio samples)."""
+    sizes: dict[str, int] = {}
+    for spec in signature:
+        for dim in spec.dynamic_dims or []:
+            if dim.axis > 0 and spec.name in feed:
+                sizes.setdefault(dim.name, int(feed[spec.name].shape[dim.axis]))
+    if not sizes:
+        return ""
+    at = ", ".join(f"{name}={size}" for name, size in sizes.items())
+    first = next(iter(sizes))
+    return (
+        f"the dynamic dims were {at}: a model that needs another size takes it with `--dim "
+        f"{first}=MIN:OPT:MAX` (kompile run or init on a model file) or in spec.inputs[].dynamicDims; "
+    )
 
 
 def _dtype_hint(module: Any, signature: Sequence[InputSpec]) -> str:

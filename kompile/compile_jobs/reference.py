@@ -28,9 +28,10 @@ class OnnxReferenceRunner:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-        # Errors only: its load-time advice (weights listed as inputs cannot be folded) is about
-        # optimizing, which this session never does; the compiled working copy has it acted on.
-        opts.log_severity_level = 3
+        # Fatal only: its load-time advice (weights listed as inputs cannot be folded) is about
+        # optimizing, which this session never does; the compiled working copy has it acted on. A
+        # failed run's error line comes as the exception too (said once, with what to change).
+        opts.log_severity_level = 4
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except (Fail, InvalidGraph, NotImplemented, InvalidArgument) as err:
@@ -53,7 +54,13 @@ class OnnxReferenceRunner:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Feed) -> list[np.ndarray[Any, Any]]:
-        outs = [np.asarray(o) for o in self.session.run(self.output_names, feeds)]
+        try:
+            raw = self.session.run(self.output_names, feeds)
+        except Exception as err:  # noqa: BLE001 - ONNX Runtime's own classes derive from Exception
+            # Its first line, without the node's C++ location: what the graph refused of the inputs.
+            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RuntimeError(re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", said)) from None
+        outs = [np.asarray(o) for o in raw]
         # Integer and boolean outputs (labels, masks) stay so: validation holds them to equality.
         return [
             o if o.dtype == np.bool_ or np.issubdtype(o.dtype, np.integer) else o.astype(np.float32)

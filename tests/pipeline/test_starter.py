@@ -382,3 +382,45 @@ def test_token_inputs_get_the_values_a_tokenizer_gives(tmp_path: Path) -> None:
     assert code == 0, err
     (ids,) = _spec(tmp_path / "e.yaml")["inputs"]
     assert (ids["low"], ids["high"]) == (0, 500), ids
+
+
+class Frames400(torch.nn.Module):
+    """An audio model whose first convolution spans 400 samples: 128 (the guess for a dim named
+    like a sequence) is too short for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 4, 400, stride=160)
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.conv(input_values.unsqueeze(1)).mean(-1)
+
+
+def test_a_source_that_fails_at_the_guessed_shape_names_the_dim_to_set(tmp_path: Path) -> None:
+    """The ONNX source failed on the reference inputs and the run ended "kompile failed
+    unexpectedly: InvalidArgument ... This is a bug in kompile". It is an input error now (exit 2)
+    naming the shapes tried, the dynamic dim with the value it had, and the flag that sets it; with
+    the flag, it runs."""
+    feed = {"input_values": np.zeros((1, 16000), np.float32)}
+    dyn = {"input_values": {0: "batch", 1: "sequence_length"}}
+    model = torchscript_onnx(Frames400().eval(), feed, tmp_path / "audio.onnx", dyn, "logits")
+    work = str(tmp_path / "w")
+    code, _, err = _cli("run", str(model), "--no-register", "--work-dir", work)
+    text = " ".join(err.split())
+    assert code == 2, text
+    assert "failed on inputs shaped {'input_values': [1, 128]}" in text, text
+    assert "sequence_length=128" in text and "--dim sequence_length=MIN:OPT:MAX" in text, text
+    assert "unexpectedly" not in text and "Traceback" not in text, text
+    assert "[E:onnxruntime" not in text, text  # said once, by kompile
+    code, out, err = _cli(
+        "run",
+        str(model),
+        "--no-register",
+        "--json",
+        "--work-dir",
+        work,
+        "--dim",
+        "sequence_length=400:16000:32000",
+    )
+    assert code == 0, err
+    assert json.loads(out)["targets"][0]["phase"] == "Succeeded", out
