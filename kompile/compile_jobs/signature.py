@@ -46,12 +46,16 @@ class Input:
     """Integer inputs: the reference values' range [low, high) where the model says (a vocabulary)."""
 
 
-def default_range(name: str, axis: int, spatial: bool = False) -> tuple[int, int, int]:
+def default_range(name: str, axis: int, spatial: bool = False, audio: bool = False) -> tuple[int, int, int]:
     """(min, opt, max) where the model says nothing: a batch of 1 to 32, sequences up to 512 tokens
     optimized for 128, an image's height and width 32 to 512 optimized for 224 (timed at an image
-    size; 32 the least a network downsampling 32x runs at), other dims up to 256 optimized for 16."""
+    size; 32 the least a network downsampling 32x runs at), a waveform 400 samples (a 25 ms window
+    at 16 kHz, what wav2vec2's first layers span) to 10 s optimized for 1 s, other dims up to 256
+    optimized for 16."""
     if axis == 0:
         return 1, 1, 32
+    if audio:
+        return 400, 16000, 160000
     if spatial or _SPATIAL_LIKE.search(name):
         return 32, 224, 512
     if _SEQUENCE_LIKE.search(name):
@@ -66,6 +70,16 @@ def _image_axis(item: Input, axis: int) -> bool:
     if len(shape) != 4 or item.dtype.startswith("int") or item.dtype == "bool":
         return False
     return (shape[1] in (1, 3) and axis in (2, 3)) or (shape[3] in (1, 3) and axis in (1, 2))
+
+
+_AUDIO_LIKE = re.compile(r"input_values|audio|wav|speech|signal", re.IGNORECASE)
+
+
+def _audio_axis(item: Input, axis: int) -> bool:
+    """The samples of a waveform batch: the last axis of a 2-D float input named like audio
+    (input_values is what Hugging Face's audio models take)."""
+    floats = item.dtype.startswith(("float", "bfloat"))
+    return floats and len(item.shape) == 2 and axis == 1 and bool(_AUDIO_LIKE.search(item.name))
 
 
 # Dim names a converter made up, not a person: tf2onnx's unk__12, torch's exporter's s0 / s77.
@@ -278,7 +292,7 @@ def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]])
         dims = []
         for axis, size in enumerate(item.shape):
             if isinstance(size, Dim):
-                lo, opt, hi = default_range(size.name, axis, _image_axis(item, axis))
+                lo, opt, hi = default_range(size.name, axis, _image_axis(item, axis), _audio_axis(item, axis))
                 lo = max(lo, size.min or lo)
                 hi = size.max if size.max is not None else hi
                 if lo > hi:  # the model's bound is below the guess's least: its own range

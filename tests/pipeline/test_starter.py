@@ -385,15 +385,15 @@ def test_token_inputs_get_the_values_a_tokenizer_gives(tmp_path: Path) -> None:
 
 
 class Frames400(torch.nn.Module):
-    """An audio model whose first convolution spans 400 samples: 128 (the guess for a dim named
-    like a sequence) is too short for it."""
+    """A model whose first convolution spans 400 steps: 128 (the guess for a dim named like a
+    sequence) is too short for it, unless its input is named as a waveform."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = torch.nn.Conv1d(1, 4, 400, stride=160)
 
-    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
-        return self.conv(input_values.unsqueeze(1)).mean(-1)
+    def forward(self, series: torch.Tensor) -> torch.Tensor:
+        return self.conv(series.unsqueeze(1)).mean(-1)
 
 
 def test_a_source_that_fails_at_the_guessed_shape_names_the_dim_to_set(tmp_path: Path) -> None:
@@ -401,14 +401,14 @@ def test_a_source_that_fails_at_the_guessed_shape_names_the_dim_to_set(tmp_path:
     unexpectedly: InvalidArgument ... This is a bug in kompile". It is an input error now (exit 2)
     naming the shapes tried, the dynamic dim with the value it had, and the flag that sets it; with
     the flag, it runs."""
-    feed = {"input_values": np.zeros((1, 16000), np.float32)}
-    dyn = {"input_values": {0: "batch", 1: "sequence_length"}}
-    model = torchscript_onnx(Frames400().eval(), feed, tmp_path / "audio.onnx", dyn, "logits")
+    feed = {"series": np.zeros((1, 16000), np.float32)}
+    dyn = {"series": {0: "batch", 1: "sequence_length"}}
+    model = torchscript_onnx(Frames400().eval(), feed, tmp_path / "series.onnx", dyn, "logits")
     work = str(tmp_path / "w")
     code, _, err = _cli("run", str(model), "--no-register", "--work-dir", work)
     text = " ".join(err.split())
     assert code == 2, text
-    assert "failed on inputs shaped {'input_values': [1, 128]}" in text, text
+    assert "failed on inputs shaped {'series': [1, 128]}" in text, text
     assert "sequence_length=128" in text and "--dim sequence_length=MIN:OPT:MAX" in text, text
     assert "unexpectedly" not in text and "Traceback" not in text, text
     assert "[E:onnxruntime" not in text, text  # said once, by kompile
@@ -424,3 +424,17 @@ def test_a_source_that_fails_at_the_guessed_shape_names_the_dim_to_set(tmp_path:
     )
     assert code == 0, err
     assert json.loads(out)["targets"][0]["phase"] == "Succeeded", out
+
+
+def test_a_waveform_input_is_timed_at_a_second_of_audio(tmp_path: Path) -> None:
+    """A 2-D float input named as Hugging Face's audio models name theirs (input_values), its
+    samples dynamic: 400 samples to 10 s at 16 kHz, timed at 1 s, where 128 was too short for a
+    first convolution spanning 400 samples (wav2vec2's span)."""
+    feed = {"input_values": np.zeros((1, 16000), np.float32)}
+    dyn = {"input_values": {0: "batch", 1: "sequence_length"}}
+    model = torchscript_onnx(Frames400().eval(), feed, tmp_path / "speech.onnx", dyn, "logits")
+    code, _, err = _cli("init", str(model))
+    assert code == 0, err
+    (inp,) = _spec(tmp_path / "speech.yaml")["inputs"]
+    samples = inp["dynamicDims"][1]
+    assert (samples["min"], samples["opt"], samples["max"]) == (400, 16000, 160000), samples
