@@ -328,6 +328,7 @@ def _export_program(
                 output_names=output_names,
                 dynamo=True,
                 external_data=False,
+                verbose=False,  # its "[torch.onnx] ... ✅" lines: the pipeline says "exporting" once
             )
     except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
         raise ExportError(f"cannot export {label} to ONNX: {_construct(err)}") from None

@@ -155,6 +155,7 @@ def test_run_a_pt2_file_with_flags(tmp_path: Path) -> None:
     assert t["phase"] == "Succeeded" and t["backend"] == "onnxruntime"
     assert "{axis: 1, name: frames_dim1, min: 2, opt: 16, max: 64}" in err
     assert "name: speech-v2" in err and "/artifacts/speech-v2/" in t["artifact"]["uri"]
+    assert "[torch.onnx]" not in err, err  # the exporter's own progress lines: "exporting" says it
 
 
 def test_a_bad_model_file_or_flag_is_a_clear_error(tmp_path: Path) -> None:
