@@ -149,6 +149,10 @@ class EnvProcess:
         child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         child_env.update(PYTHONPATH=str(_kompile_only_path(self.scratch)), PYTHONNOUSERSITE="1")
         child_env[PARENT_ENV] = str(os.getpid())  # the runner dies with this process
+        # What its libraries leave in temp folders (TVM's builder: a tvm_tmp_mod.tar folder per
+        # candidate, not always removed) goes with the scratch folder when the process ends.
+        (self.scratch / "tmp").mkdir()
+        child_env["TMPDIR"] = str(self.scratch / "tmp")
         self._log: IO[bytes] = self.log_path.open("wb")
         try:
             self.proc = subprocess.Popen(

@@ -230,3 +230,20 @@ def test_the_setup_script_builds_an_environment_where_python_has_no_ensurepip(tm
         [str(built / "bin" / "python"), "-m", "pip", "--version"], capture_output=True, text=True
     )
     assert pip.returncode == 0 and str(built) in pip.stdout
+
+
+def test_the_environments_temporary_files_go_with_its_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TVM's builder exports each candidate to a mkdtemp() folder (tvm_tmp_mod.tar) it does not
+    always remove: 128 of them were left in /tmp after two test runs. The environment's TMPDIR is
+    inside its scratch folder, which goes when the process ends."""
+    told = tmp_path / "tmpdir.txt"
+    path = _env(tmp_path / "env", f'echo "$TMPDIR" > {told}\nexec {sys.executable} "$@"')
+    monkeypatch.setenv("KOMPILE_ENV_LITERT", str(path))
+    with EnvProcess("litert") as env:
+        with pytest.raises(BackendError, match="no model loaded"):
+            env.call({"op": "run", "feeds": "x.npz", "out": ""})
+        tmpdir = Path(told.read_text().strip())
+        assert tmpdir.is_dir() and tmpdir.is_relative_to(env.scratch), (tmpdir, env.scratch)
+    assert not env.scratch.exists()
