@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -264,6 +266,22 @@ def _hold(work_dir: Path) -> IO[str] | str:
     return handle
 
 
+@contextlib.contextmanager
+def _inductor_cache_in(folder: Path) -> Iterator[None]:
+    """Inductor's cache (kernels and .so files of every graph it compiled, hundreds of MB) under
+    the run's work dir, beside its other caches: its default, /tmp/torchinductor_<user>, grows
+    where nothing removes it and no one looks. A TORCHINDUCTOR_CACHE_DIR the user set is kept."""
+    key = "TORCHINDUCTOR_CACHE_DIR"
+    if os.environ.get(key):
+        yield
+        return
+    os.environ[key] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
 def _run(
     cm: CompiledModel, s: LocalRunSettings, console: Console, artifact_root: Path
 ) -> tuple[int, str | None]:
@@ -280,7 +298,8 @@ def _run(
         else LogReporter(lambda m: console.print(m, markup=False, highlight=False))
     )
     try:
-        result = run_pipeline(cm, opts, reporter)
+        with _inductor_cache_in(opts.work_dir / "cache" / "inductor"):
+            result = run_pipeline(cm, opts, reporter)
         _publish_to_s3(cm, result.built, reporter)
         _point_latest(cm, result.status, opts.artifact_root, reporter)
         unregistered = _register(cm, s, result, reporter) if s.register else None

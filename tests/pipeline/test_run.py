@@ -303,3 +303,25 @@ def test_s3_refusals_say_what_to_check(
     assert missing.code != 0 and "NoSuchBucket" in missing.stderr, missing.stderr
     assert "spec.registry.artifactStore" in missing.stderr, missing.stderr
     assert "compiling" not in missing.stderr, missing.stderr  # found out before any build
+
+
+def test_inductors_cache_is_kept_under_the_work_dir(  # type: ignore[no-untyped-def]
+    kompile_run, write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inductor caches each compiled graph (kernels, .so files: 400 MB after a day of runs here) in
+    /tmp/torchinductor_<user>, where nothing ever removes it and no one looks. A local run keeps
+    it under its work dir, beside its other caches; the variable is as it was after the run, and a
+    cache folder the user chose is theirs to keep."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    doc = small_cnn_doc(targets=[{"name": "cpu", "backend": "inductor", "precision": "fp32"}])
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    cache = tmp_path / ".kompile" / "cache" / "inductor"
+    assert cache.is_dir() and any(cache.iterdir()), cache
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    chosen = tmp_path / "mine"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(chosen))
+    doc["metadata"]["name"] = "again"
+    res = kompile_run(write_manifest(doc, "again.yaml"), "--no-register")
+    assert res.code == 0, res.stderr
+    assert chosen.is_dir() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(chosen)
