@@ -150,8 +150,10 @@ def program_module(program: Any, label: str) -> Any:
     if program.call_spec.in_spec is None:
         return module
     call = ProgramCall(module, program, label)
-    _, kwargs = pytree.tree_unflatten([0] * call.in_spec.num_leaves, call.in_spec)
-    if not kwargs and not any(constant for constant, _ in call.constants):
+    args, kwargs = pytree.tree_unflatten([0] * call.in_spec.num_leaves, call.in_spec)
+    # Flat: its tensors as positional arguments, no list of them (forward(xs) on [a, b]), no keyword.
+    flat = not kwargs and len(args) == call.in_spec.num_leaves
+    if flat and not any(constant for constant, _ in call.constants):
         return module
     return call
 

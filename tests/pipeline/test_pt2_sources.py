@@ -86,12 +86,25 @@ class _Scored(torch.nn.Module):
         return hidden.mean(dim=1) * scale
 
 
-@pytest.mark.parametrize("call", ["keywords", "constant"])
+class _Listed(torch.nn.Module):
+    """Its tensors in one list argument, as multi-view and multi-scale models take them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide, self.narrow = torch.nn.Linear(8, 4), torch.nn.Linear(6, 4)
+
+    def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
+        return self.wide(views[0]) + self.narrow(views[1])
+
+
+@pytest.mark.parametrize("call", ["keywords", "constant", "list"])
 def test_a_pt2_exported_with_keywords_or_a_constant_runs(call: str, tmp_path: Path) -> None:
     """A program exported with its inputs as keywords (torch.export.export(model, (), {"input_ids":
     ...}), as Hugging Face models are), or with a float beside its tensors, must be called that
     way: "Ran into a kwarg keyword mismatch: Got the following keywords [] but expected
-    ['input_ids', 'attention_mask']", and the whole run failed."""
+    ['input_ids', 'attention_mask']", and the whole run failed. So must one exported with a list
+    of tensors (forward(views) on [a, b]): "Trying to flatten user inputs with exported input
+    tree spec", the same end."""
     from typer.testing import CliRunner
 
     from kompile.cli import app
@@ -99,8 +112,10 @@ def test_a_pt2_exported_with_keywords_or_a_constant_runs(call: str, tmp_path: Pa
     ids, mask = torch.randint(0, 100, (1, 6)), torch.ones(1, 6, dtype=torch.int64)
     if call == "keywords":
         program = torch.export.export(_Scored().eval(), (), {"input_ids": ids, "attention_mask": mask})
-    else:
+    elif call == "constant":
         program = torch.export.export(_Scored().eval(), (ids, mask, 2.0))
+    else:
+        program = torch.export.export(_Listed().eval(), ([torch.randn(1, 8), torch.randn(1, 6)],))
     torch.export.save(program, str(tmp_path / "scored.pt2"))
     res = CliRunner().invoke(
         app,
