@@ -222,21 +222,25 @@ def check(
     manifests: Annotated[
         list[Path],
         typer.Argument(
-            help="CompiledModel YAML files, or folders (a GitOps repository) whose YAML files are checked."
+            help="CompiledModel YAML files (- reads stdin: `kustomize build overlay | kompile check -`), "
+            "or folders (a GitOps repository) whose YAML files are checked."
         ),
     ],
 ) -> None:
     """Validate manifests (every CompiledModel in them) against the API without running anything."""
     from rich.markup import escape
 
-    files, problems = manifest_files(manifests)
+    found = manifest_files(manifests)
+    files, problems = found.files, found.empty
     valid = 0
     for path in files:
+        stdin = str(path) == "-"
         try:
-            models = load_manifests(path)
+            models = load_manifests("<stdin>", sys.stdin.read()) if stdin else load_manifests(path)
         except ManifestError as err:
             problems.append(str(err))
             continue
+        path = Path("<stdin>") if stdin else path
         for cm in models:
             valid += 1
             err_console.print(
@@ -244,6 +248,14 @@ def check(
             )
     for problem in problems:
         err_console.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+    if found.patches:
+        err_console.print(
+            f"left out {_counted(len(found.patches), 'kustomize patch', 'es')} (a partial CompiledModel by "
+            "design, e.g. "
+            f"{escape(str(found.patches[0]))}): check what an overlay renders with "
+            "`kustomize build <overlay> | kompile check -`",
+            highlight=False,
+        )
     counted = f"{_counted(valid, 'CompiledModel')} in {_counted(len(files), 'file')}"
     if problems:
         raise _fail(f"{counted}: {len(problems)} invalid")
@@ -251,8 +263,8 @@ def check(
         err_console.print(f"{counted}: all valid", highlight=False)
 
 
-def _counted(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def _counted(n: int, noun: str, plural: str = "s") -> str:
+    return f"{n} {noun}{'' if n == 1 else plural}"
 
 
 @app.command()

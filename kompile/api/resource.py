@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -193,9 +194,25 @@ def _placed(placed: list[tuple[int, Any]]) -> list[tuple[str, Any]]:
     return out
 
 
-def _model_documents(p: Path) -> list[tuple[str, dict[str, Any]]]:
-    """The CompiledModel documents of a YAML file, unparsed, in file order, each with its place
-    among the file's documents (from 1)."""
+def _model_documents(p: Path, text: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The CompiledModel documents of a YAML file (or of `text`), unparsed, in file order, each
+    with its place among the file's documents (from 1)."""
+    if text is None:
+        text = _manifest_text(p)
+    try:
+        placed = _placed([(n, d) for n, d in enumerate(yaml.safe_load_all(text), 1) if d is not None])
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{p}: not valid YAML: {err}") from None
+    docs = [d for _, d in placed]
+    models = [(n, _as_input(d)) for n, d in placed if isinstance(d, dict) and d.get("kind") == KIND]
+    if not models and len(docs) == 1:
+        parse_manifest(docs[0], str(p))  # raises, saying which of apiVersion and kind is wrong
+    if not models:
+        raise ManifestError(f"{p}: no CompiledModel document (kind: {KIND}) among its {len(docs)} documents")
+    return models
+
+
+def _manifest_text(p: Path) -> str:
     if p.is_dir() and (p / "config.json").is_file():
         raise ManifestError(
             f"{p}: a Hugging Face model folder, not a manifest: `kompile run {p}` compiles it, "
@@ -209,20 +226,9 @@ def _model_documents(p: Path) -> list[tuple[str, dict[str, Any]]]:
     if not p.is_file():
         raise ManifestError(f"{p}: no such manifest file")
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ManifestError(_binary_hint(p)) from None
-    try:
-        placed = _placed([(n, d) for n, d in enumerate(yaml.safe_load_all(text), 1) if d is not None])
-    except yaml.YAMLError as err:
-        raise ManifestError(f"{p}: not valid YAML: {err}") from None
-    docs = [d for _, d in placed]
-    models = [(n, _as_input(d)) for n, d in placed if isinstance(d, dict) and d.get("kind") == KIND]
-    if not models and len(docs) == 1:
-        parse_manifest(docs[0], str(p))  # raises, saying which of apiVersion and kind is wrong
-    if not models:
-        raise ManifestError(f"{p}: no CompiledModel document (kind: {KIND}) among its {len(docs)} documents")
-    return models
 
 
 def _name_of(doc: dict[str, Any]) -> str:
@@ -254,28 +260,62 @@ def _where(p: Path, models: list[tuple[str, dict[str, Any]]], i: int) -> str:
     return str(p) if len(models) == 1 else f"{p}, CompiledModel {_name_of(doc)!r} ({place})"
 
 
-def manifest_files(paths: list[Path]) -> tuple[list[Path], list[str]]:
-    """The files to check among `paths`: a file as given; for a folder (a GitOps repository), its
-    YAML files that mention a CompiledModel, hidden folders (.git) left out. Also a message for
-    each folder that holds none."""
-    files: list[Path] = []
-    empty: list[str] = []
+KUSTOMIZATIONS = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+
+
+@dataclass
+class ManifestFiles:
+    """What `kompile check` reads among the paths it was given."""
+
+    files: list[Path]
+    empty: list[str]
+    """A message for each folder that holds no CompiledModel."""
+    patches: list[Path]
+    """Kustomize patches left out: partial CompiledModels by design, checked once rendered."""
+
+
+def manifest_files(paths: list[Path]) -> ManifestFiles:
+    """The files to check among `paths`: a file as given ("-": stdin); for a folder (a GitOps
+    repository), its YAML files that mention a CompiledModel, hidden folders (.git), kustomizations
+    and the patches they name left out."""
+    out = ManifestFiles([], [], [])
     for path in paths:
-        if not path.is_dir() or (path / "config.json").is_file():
-            files.append(path)  # load_manifests says what it is when it is no manifest
+        if str(path) == "-" or not path.is_dir() or (path / "config.json").is_file():
+            out.files.append(path)  # load_manifests says what it is when it is no manifest
             continue
-        found = [
+        yamls = [
             f
             for f in sorted(path.rglob("*"))
-            if f.suffix in (".yaml", ".yml")
+            if (f.suffix in (".yaml", ".yml") or f.name in KUSTOMIZATIONS)
             and f.is_file()
             and not any(part.startswith(".") for part in f.relative_to(path).parts)
-            and _mentions_kind(f)
         ]
-        if not found:
-            empty.append(f"{path}: no YAML file under it holds a CompiledModel (kind: {KIND})")
-        files += found
-    return files, empty
+        patches = {p for f in yamls if f.name in KUSTOMIZATIONS for p in _kustomize_patches(f)}
+        found = [f for f in yamls if f.name not in KUSTOMIZATIONS and _mentions_kind(f)]
+        left_out = [f for f in found if f.resolve() in patches]
+        found = [f for f in found if f not in left_out]
+        out.patches += left_out
+        if not found and not left_out:
+            out.empty.append(f"{path}: no YAML file under it holds a CompiledModel (kind: {KIND})")
+        out.files += found
+    return out
+
+
+def _kustomize_patches(kustomization: Path) -> set[Path]:
+    """The files a kustomization names as patches (patchesStrategicMerge, patches and
+    patchesJson6902 entries with a path), resolved; an unreadable one names none."""
+    try:
+        doc = yaml.safe_load(kustomization.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return set()
+    if not isinstance(doc, dict):
+        return set()
+    named: list[Any] = list(doc.get("patchesStrategicMerge") or [])
+    for key in ("patches", "patchesJson6902"):
+        named += [e.get("path") for e in doc.get(key) or [] if isinstance(e, dict)]
+    folder = kustomization.parent
+    # An inline patch (a YAML string of several lines) names no file.
+    return {(folder / n).resolve() for n in named if isinstance(n, str) and n and "\n" not in n}
 
 
 def _mentions_kind(path: Path) -> bool:
@@ -287,11 +327,12 @@ def _mentions_kind(path: Path) -> bool:
         return False
 
 
-def load_manifests(path: str | Path) -> list[CompiledModel]:
-    """Every CompiledModel document of a YAML file, each parsed and validated; the errors of every
-    invalid one together, each naming its model, so one look fixes a whole GitOps file."""
+def load_manifests(path: str | Path, text: str | None = None) -> list[CompiledModel]:
+    """Every CompiledModel document of a YAML file (or of `text`, read elsewhere: stdin, `path`
+    then naming it), each parsed and validated; the errors of every invalid one together, each
+    naming its model, so one look fixes a whole GitOps file."""
     p = Path(path)
-    models = _model_documents(p)
+    models = _model_documents(p, text)
     parsed, errors = [], []
     for i, (_, doc) in enumerate(models):
         try:

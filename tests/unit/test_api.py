@@ -272,6 +272,51 @@ def test_check_takes_a_gitops_folder_and_several_files(tmp_path: Path) -> None:
     assert checked.exit_code == 2 and "no YAML file under" in checked.stderr, checked.stderr
 
 
+def test_check_leaves_kustomize_patches_to_the_rendered_overlay(tmp_path: Path) -> None:
+    """An overlay's patch is a partial CompiledModel by design (a name and the fields it changes):
+    `kompile check deploy/` called each one invalid ("spec: Field required"), failing the CI of a
+    correct repository. Files a kustomization names as patches are left out, with a line saying
+    how to check what they make: the overlay rendered, on stdin (`kompile check -`)."""
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    deploy = tmp_path / "deploy"
+    (deploy / "base").mkdir(parents=True)
+    (deploy / "prod").mkdir()
+    (deploy / "base" / "models.yaml").write_text(yaml.safe_dump(minimal()))
+    (deploy / "base" / "kustomization.yaml").write_text("resources: [models.yaml]\n")
+    partial = {"apiVersion": "kompile.dev/v1alpha1", "kind": "CompiledModel", "metadata": {"name": "m"}}
+    (deploy / "prod" / "more-samples.yaml").write_text(
+        yaml.safe_dump(partial | {"spec": {"validation": {"samples": 64}}})
+    )
+    (deploy / "prod" / "gpu.yaml").write_text(
+        yaml.safe_dump(partial | {"spec": {"fleet": {"enabled": True}}})
+    )
+    (deploy / "prod" / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": ["../base"],
+                "patchesStrategicMerge": ["more-samples.yaml"],
+                "patches": [{"path": "gpu.yaml", "target": {"kind": "CompiledModel"}}],
+            }
+        )
+    )
+    checked = CliRunner().invoke(app, ["check", str(deploy)])
+    said = " ".join(checked.stderr.split())
+    assert checked.exit_code == 0, said
+    assert "1 CompiledModel in 1 file: all valid" in said, said
+    assert "2 kustomize patches" in said and "kustomize build" in said and "kompile check -" in said, said
+
+    rendered = yaml.safe_dump_all([minimal(), minimal() | {"metadata": {"name": "Bad_Name"}}])
+    checked = CliRunner().invoke(app, ["check", "-"], input=rendered)
+    said = " ".join(checked.stderr.split())
+    assert checked.exit_code == 2, said
+    assert "<stdin>, CompiledModel 'Bad_Name' (document 2)" in said and "metadata.name" in said, said
+    checked = CliRunner().invoke(app, ["check", "-"], input=yaml.safe_dump(minimal()))
+    assert checked.exit_code == 0 and "<stdin>: valid CompiledModel 'm'" in checked.stderr, checked.stderr
+
+
 def test_what_kubectl_get_writes_runs_as_it_is(tmp_path: Path) -> None:
     """`kubectl get compiledmodel m -o yaml > m.yaml` (to try a cluster's model here) writes the
     server's metadata and the operator's status; `kubectl get compiledmodels -o yaml` a `kind:
