@@ -253,7 +253,7 @@ def check(
             f"left out {_counted(len(found.patches), 'kustomize patch', 'es')} (a partial CompiledModel by "
             "design, e.g. "
             f"{escape(str(found.patches[0]))}): check what an overlay renders with "
-            "`kustomize build <overlay> | kompile check -`",
+            "`kubectl kustomize <overlay> | kompile check -` (or `kustomize build`)",
             highlight=False,
         )
     counted = f"{_counted(valid, 'CompiledModel')} in {_counted(len(files), 'file')}"

@@ -306,7 +306,7 @@ def test_check_leaves_kustomize_patches_to_the_rendered_overlay(tmp_path: Path) 
     said = " ".join(checked.stderr.split())
     assert checked.exit_code == 0, said
     assert "1 CompiledModel in 1 file: all valid" in said, said
-    assert "2 kustomize patches" in said and "kustomize build" in said and "kompile check -" in said, said
+    assert "2 kustomize patches" in said and "kubectl kustomize" in said and "kompile check -" in said, said
 
     rendered = yaml.safe_dump_all([minimal(), minimal() | {"metadata": {"name": "Bad_Name"}}])
     checked = CliRunner().invoke(app, ["check", "-"], input=rendered)
