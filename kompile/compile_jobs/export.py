@@ -13,7 +13,7 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -317,22 +317,68 @@ def _export_program(
     as it is (re-tracing its GraphModule with TorchScript is not supported)."""
     import torch
 
-    # The dynamo exporter prints progress on stdout, which belongs to `--json`.
+    written, dropped = _program_output_names(loaded.exported, output_names)
+    # The dynamo exporter prints progress on stdout, which belongs to `--json`; its warnings about
+    # the outputs dropped below (a None "is ignored") are kompile's to handle, not the user's.
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), _exporter_warnings_quiet():
             torch.onnx.export(
                 loaded.exported,
                 to_torch(example, signature),
                 str(out_path),
                 input_names=names,
-                output_names=output_names,
+                output_names=written,
                 dynamo=True,
                 external_data=False,
                 verbose=False,  # its "[torch.onnx] ... ✅" lines: the pipeline says "exporting" once
             )
     except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
         raise ExportError(f"cannot export {label} to ONNX: {_construct(err)}") from None
+    if dropped:
+        _drop_outputs(out_path, dropped)
     return out_path, output_names
+
+
+def _program_output_names(program: Any, output_names: list[str]) -> tuple[list[str], set[str]]:
+    """Names for each output the exporter writes, and those of the ones to drop after: a size or
+    flag the program returns (a SymInt) is written as an output, though the eager reference, which
+    keeps tensors only, has none; a None or constant is written as none."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind, TensorArgument
+
+    user = [s.arg for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    tensors = iter(output_names)
+    written: list[str] = []
+    dropped: set[str] = set()
+    for i, arg in enumerate(a for a in user if not isinstance(a, ConstantArgument)):
+        if isinstance(arg, TensorArgument):
+            written.append(next(tensors, f"output_{i}"))
+        else:
+            written.append(f"kompile_dropped_{i}")
+            dropped.add(written[-1])
+    return written, dropped
+
+
+def _drop_outputs(path: Path, names: set[str]) -> None:
+    import onnx
+
+    model = onnx.load(str(path))
+    kept = [o for o in model.graph.output if o.name not in names]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    onnx.save(model, str(path))
+
+
+@contextlib.contextmanager
+def _exporter_warnings_quiet() -> Iterator[None]:
+    import logging
+
+    exporter = logging.getLogger("torch.onnx")
+    level = exporter.level
+    exporter.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        exporter.setLevel(level)
 
 
 def _check_onnx_source(
