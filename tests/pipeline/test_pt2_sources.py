@@ -140,34 +140,17 @@ class _Extras(torch.nn.Module):
         return {"count": x.shape[0], "logits": self.head(x), "aux": None}
 
 
-def test_a_pt2_with_outputs_that_are_no_tensors_serves_its_tensors(tmp_path: Path) -> None:
+def test_a_pt2_with_outputs_that_are_no_tensors_serves_its_tensors(kompile_run: Any, tmp_path: Path) -> None:
     """A program returning a size and a None beside its logits (a dict of whatever the model had):
     the ONNX export wrote the size as a second output, the eager reference held one, and the run
     ended "kompile failed unexpectedly: ValueError: zip() argument 2 is shorter than argument 1".
     Its tensors are what is served, under the model's own names."""
-    from typer.testing import CliRunner
-
-    from kompile.cli import app
-
     batch = torch.export.Dim("batch", max=16)
     program = torch.export.export(_Extras().eval(), (torch.randn(2, 8),), dynamic_shapes=({0: batch},))
     torch.export.save(program, str(tmp_path / "extras.pt2"))
-    work = str(tmp_path / "w")
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            str(tmp_path / "extras.pt2"),
-            "--json",
-            "--no-register",
-            "--work-dir",
-            work,
-            "--backend",
-            "onnxruntime",
-        ],
-    )
-    assert res.exit_code == 0, res.stderr
-    (target,) = json.loads(res.stdout)["targets"]
+    res = kompile_run(tmp_path / "extras.pt2", "--no-register", "--backend", "onnxruntime")
+    assert res.code == 0, res.stderr
+    (target,) = res.status["targets"]
     assert target["phase"] == "Succeeded", target
     assert [o["name"] for o in target["validation"]["outputs"]] == ["logits"], target["validation"]
     assert "is ignored in the exported graph" not in res.stderr, res.stderr  # the exporter's, handled
