@@ -140,6 +140,12 @@ def run(
     started = time.perf_counter()
     try:
         code, message = execute(cm, settings, err_console)
+    except KeyboardInterrupt:
+        err_console.print(
+            "\ninterrupted: nothing was registered and no `latest` pointer moved; run it again to finish",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     if message:

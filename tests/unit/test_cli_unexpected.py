@@ -87,3 +87,21 @@ def test_a_full_disk_says_where_and_what_to_do_not_that_kompile_has_a_bug(
     err = capsys.readouterr().err.replace("\n", " ")
     assert f"no space left on the disk holding {tmp_path / 'x.onnx'}" in err and "MiB free" in err, err
     assert "--work-dir" in err and "bug" not in err and "Traceback" not in err, err
+
+
+def test_an_interrupted_run_says_so_and_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Ctrl-C (or SIGTERM, which the run turns into one) ended `kompile run` with exit code 130
+    and not a word: the live progress just stopped. It says what the interruption left."""
+    from typer.testing import CliRunner
+
+    from kompile import local_run
+
+    def interrupted(*_: object) -> tuple[int, str | None]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local_run, "execute", interrupted)
+    manifest = Path(__file__).parents[2] / "examples" / "small-cnn.yaml"
+    res = CliRunner().invoke(cli.app, ["run", str(manifest), "--work-dir", str(tmp_path / "w")])
+    said = " ".join(res.stderr.split())
+    assert res.exit_code == 130, said
+    assert "interrupted" in said and "nothing was registered" in said, said
