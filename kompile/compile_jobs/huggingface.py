@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kompile.compile_jobs.signature import token_range
 from kompile.compile_jobs.source_files import SourceError, quiet_torch_loading
 
 CONFIG = "config.json"
@@ -213,12 +214,7 @@ def _text_signature(folder: Path, config: dict[str, Any], cls: Any) -> list[dict
     positions = getattr(resolved, "max_position_embeddings", None) or config.get("max_position_embeddings")
     longest = min(int(positions or MAX_SEQUENCE), MAX_SEQUENCE)
     vocab = int(getattr(resolved, "vocab_size", None) or config.get("vocab_size") or 100)
-    ranges = {
-        "input_ids": (0, vocab),
-        "attention_mask": (1, 2),
-        "token_type_ids": (0, 1),
-        "decoder_input_ids": (0, vocab),
-    }
+    ranges = {name: token_range(name, vocab) for name in order}
     return [
         {
             "name": name,

@@ -273,15 +273,16 @@ def _unfed(path: Path, name: str, dtype: str) -> str:
     return f"{path}: input {name!r} is {dtype}, which kompile cannot feed (it feeds {feeds}): {fix}"
 
 
-def _token_range(name: str) -> tuple[int, int]:
+def token_range(name: str, vocab: int = 100) -> tuple[int, int]:
     """[low, high) for an integer input the model says nothing of: what a tokenizer writes for the
-    usual names (a mask of ones, token types of zeros), else ids in a small vocabulary."""
+    usual names (a mask of ones, token types of zeros), else ids in the vocabulary (a small one
+    when it is unknown)."""
     lowered = name.lower()
     if lowered.endswith("mask"):
         return 1, 2
     if lowered.endswith(("type_ids", "segment_ids")):
         return 0, 1
-    return 0, 100
+    return 0, vocab
 
 
 def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
@@ -312,6 +313,6 @@ def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]])
         elif item.dtype == "uint8":  # image bytes: the whole range
             doc |= {"low": 0, "high": 256}
         elif item.dtype in ("int64", "int32"):
-            doc |= dict(zip(("low", "high"), _token_range(item.name), strict=True))
+            doc |= dict(zip(("low", "high"), token_range(item.name), strict=True))
         docs.append(doc)
     return docs

@@ -48,6 +48,7 @@ def test_kompile_run_takes_a_model_folder_and_reads_its_inputs(minilm_folder: Pa
     assert list(inputs) == ["input_ids", "attention_mask", "token_type_ids"]
     assert (inputs["input_ids"]["low"], inputs["input_ids"]["high"]) == (0, 30522)
     assert (inputs["attention_mask"]["low"], inputs["attention_mask"]["high"]) == (1, 2)
+    assert (inputs["token_type_ids"]["low"], inputs["token_type_ids"]["high"]) == (0, 1)
     assert written["spec"]["source"]["uri"] == "minilm"
 
 
