@@ -5,15 +5,39 @@ each test."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 pytest_plugins = ["tests.support.fixtures"]
 
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_TRACKING_UTILS = "mlflow.tracking._tracking_service.utils"  # holds mlflow.set_tracking_uri's global
+
+
+_INDUCTOR_CACHE: list[str] = []  # the folder this run made, if it made one
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests compile with Inductor in-process (and in compile-Job subprocesses, which inherit the
+    environment): its default cache is /tmp/torchinductor_<user>, which no one removes, about 400 MB
+    a run on a CI machine that keeps its /tmp. Give this run its own, removed at the end (random
+    weights are frozen into the compiled code: a cache kept between runs would only grow). Set
+    before collection: Inductor writes its default into the environment on first use."""
+    if not os.environ.get(INDUCTOR_CACHE_ENV):  # else the developer chose one
+        _INDUCTOR_CACHE.append(tempfile.mkdtemp(prefix="kompile-tests-inductor-"))
+        os.environ[INDUCTOR_CACHE_ENV] = _INDUCTOR_CACHE[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _INDUCTOR_CACHE:
+        os.environ.pop(INDUCTOR_CACHE_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+    _INDUCTOR_CACHE.clear()
 
 
 @pytest.fixture(autouse=True)
