@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -45,6 +46,29 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     # Escaped: a message quotes user text (paths, model names) that may hold [brackets].
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)")
+_ONE_SLASH = ("models", "runs")  # MLflow's URIs: models:/name/version, runs:/id/path
+
+
+def _refuse_uri(argument: Path, verb: str) -> None:
+    """A model URI given where a path goes (`kompile run s3://bucket/model.onnx`): the path folds
+    its // into one, and "no such file" said nothing of where a URI belongs."""
+    found = None if argument.exists() else _URI.fullmatch(str(argument))
+    if found is None:
+        return
+    scheme, rest = found.groups()
+    uri = f"{scheme}:/{rest}" if scheme in _ONE_SLASH else f"{scheme}://{rest}"
+    takes = {
+        "run": "a manifest, a local model file (.onnx, .pt2) or a Hugging Face model folder",
+        "init": "a local model file (.onnx, .pt2) or a Hugging Face model folder",
+    }[verb]
+    raise _fail(
+        f"{uri}: kompile {verb} takes {takes}, not a URI. A URI goes in a manifest: "
+        f"spec.source.uri: {uri}, with the model's spec.inputs (examples/small-cnn.yaml is one); "
+        f"run that manifest, or `kompile {verb}` a local copy of the model."
+    )
 
 
 DimOption = Annotated[
@@ -104,6 +128,7 @@ def run(
     from kompile.local_run import LocalRunSettings, execute, with_artifact_store
 
     written: str | None = None
+    _refuse_uri(manifest, "run")
     if starter_is_model(manifest):
         cm, written = _starter_manifest(manifest, manifest.name, dim, precision, backend, name)
     elif dim or precision or backend != "auto":
@@ -208,8 +233,7 @@ def init(
     force: Annotated[bool, typer.Option(help="Overwrite OUT if it exists.")] = False,
 ) -> None:
     """Write a commented CompiledModel manifest for a model file or folder, ready to run or kubectl apply."""
-    import os
-
+    _refuse_uri(model, "init")
     path = out or (model.parent / f"{model.name}.yaml" if model.is_dir() else model.with_suffix(".yaml"))
     source = Path(os.path.relpath(model.resolve(), path.resolve().parent)).as_posix()
     _, text = _starter_manifest(model, source, dim, precision, backend, name)  # refuses a non-model first

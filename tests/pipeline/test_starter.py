@@ -208,6 +208,18 @@ def test_a_pytorch_file_kompile_cannot_read_says_what_it_holds_and_what_to_do(tm
     assert not list(tmp_path.glob("*.yaml"))  # init wrote nothing
 
 
+def test_a_model_uri_on_the_command_line_says_it_goes_in_a_manifest(tmp_path: Path) -> None:
+    """`kompile run s3://bucket/model.onnx` (or python://, models:/): the argument is a file path, so
+    it said "s3:/bucket/model.onnx: no such file" (the URI mangled, nothing on what to do)."""
+    for uri in ("s3://bucket/models/model.onnx", "python://models.small:small_cnn", "models:/resnet/3"):
+        for verb in ("init", "run"):
+            code, _, err = _cli(verb, uri)
+            assert code == 2 and f"{uri}: " in err, err
+            assert f"spec.source.uri: {uri}" in " ".join(err.split()) and "spec.inputs" in err, err
+            assert "no such" not in err and "Traceback" not in err, err
+    assert not list(tmp_path.glob("*.yaml"))
+
+
 def test_a_float64_model_says_to_convert_it_to_float32(tmp_path: Path) -> None:
     """A .double() model: its .pt2 was "not a tensor kompile can feed (FakeTensor(..., dtype=
     torch.float64))" and its ONNX "has ONNX element type 11"."""
