@@ -33,7 +33,7 @@ def bert_base() -> torch.nn.Module:
     return BertEncoder(config).eval()
 
 
-def bert_tiny() -> torch.nn.Module:
+def bert_tiny(attn_implementation: str = "eager") -> torch.nn.Module:
     """A 2-layer BERT for fast tests: the same graph structure at a fraction of the cost."""
     torch.manual_seed(0)
     config = BertConfig(
@@ -43,6 +43,11 @@ def bert_tiny() -> torch.nn.Module:
         num_attention_heads=2,
         intermediate_size=512,
         max_position_embeddings=128,
-        attn_implementation="eager",
+        attn_implementation=attn_implementation,
     )
     return BertEncoder(config).eval()
+
+
+def bert_tiny_sdpa() -> torch.nn.Module:
+    """bert_tiny on SDPA attention, transformers' default when a model is built or loaded."""
+    return bert_tiny("sdpa")

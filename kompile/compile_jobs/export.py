@@ -219,7 +219,7 @@ def export_onnx(
     note: Callable[[str], None] = lambda _: None,
 ) -> tuple[Path, list[str]]:
     """Write the fp32 ONNX graph of the source to out_path; returns it and the output names. `note`
-    hears of each change made to an ONNX source's working copy."""
+    hears of each change made to an ONNX source's working copy, or to how a module is traced."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if loaded.onnx_path is not None:
         return _check_onnx_source(loaded.onnx_path, signature, out_path, note)
@@ -240,7 +240,11 @@ def export_onnx(
         return _export_program(loaded, example, signature, names, output_names, out_path, label)
     # Record tracer warnings rather than raising them: raised inside torch's C++ tracer they turn
     # into an opaque SystemError; recorded, they name the construct and its source line.
-    with warnings.catch_warnings(record=True) as caught, output_to(out_path.parent / "export.log"):
+    with (
+        _eager_attention(module, note),  # first: its note goes to the reporter, not to export.log
+        warnings.catch_warnings(record=True) as caught,
+        output_to(out_path.parent / "export.log"),
+    ):
         warnings.simplefilter("always", torch.jit.TracerWarning)
         try:
             torch.onnx.export(
@@ -285,6 +289,28 @@ def export_onnx(
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
     return out_path, output_names
+
+
+@contextlib.contextmanager
+def _eager_attention(module: Any, note: Callable[[str], None]) -> Iterator[None]:
+    """Hugging Face models on SDPA attention (transformers' default), traced with their eager
+    attention instead, the same math: the TorchScript exporter writes SDPA as a pattern no ONNX
+    Runtime fusion matches, and eager attention as the one its Attention op fuses (all-MiniLM-L6-v2,
+    batch 1, sequence 128: 19.6 ms unfused against 18.2 ms fused). Put back after the trace."""
+    configs: dict[int, Any] = {}
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if getattr(config, "_attn_implementation", None) == "sdpa":
+            configs[id(config)] = config
+    for config in configs.values():
+        config._attn_implementation = "eager"
+    if configs:
+        note("traced with eager attention (the same math as SDPA, in the pattern ONNX Runtime fuses)")
+    try:
+        yield
+    finally:
+        for config in configs.values():
+            config._attn_implementation = "sdpa"
 
 
 def _shape_text(w: warnings.WarningMessage) -> str | None:

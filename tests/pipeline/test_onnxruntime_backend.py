@@ -25,7 +25,7 @@ from kompile.compile_jobs.backends.onnxruntime import (  # noqa: E402
 )
 from kompile.compile_jobs.build import compile_request  # noqa: E402
 from kompile.compile_jobs.validate import compare, resolve_thresholds  # noqa: E402
-from tests.pipeline.conftest import torchscript_onnx  # noqa: E402
+from tests.pipeline.conftest import small_cnn_doc, torchscript_onnx  # noqa: E402
 
 Array = np.ndarray[Any, Any]
 SEQ = 32
@@ -83,16 +83,10 @@ def bert_sdpa(bert: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any,
     torch.onnx.export(dynamo=True), whose SDPA pattern ONNX Runtime's optimizer does not fuse."""
     import warnings
 
-    from models.transformer import BertEncoder
-    from transformers import BertConfig
+    from models.transformer import bert_tiny_sdpa
 
     _, _, feeds = bert
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=512, max_position_embeddings=128, attn_implementation="sdpa",
-    )  # fmt: skip
-    model = BertEncoder(config).eval()
+    model = bert_tiny_sdpa()
     batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=128)
     path = tmp_path_factory.mktemp("bert_sdpa") / "bert_sdpa.onnx"
     with torch.no_grad(), warnings.catch_warnings():
@@ -205,6 +199,51 @@ def test_dynamo_exported_sdpa_attention_is_fused(
     else:
         assert "sdpaFusion" not in options and "Attention" not in ops, (options, ops)
         assert "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops, ops
+
+
+def test_a_python_source_on_sdpa_is_traced_with_eager_attention(
+    kompile_run: Any, write_manifest: Any, tmp_path: Path
+) -> None:
+    """A python:// factory returning a Hugging Face model on SDPA (transformers' default): the
+    TorchScript exporter wrote its attention as a pattern neither ONNX Runtime's optimizer nor
+    onnxscript's rules fuse (fusedOps without Attention). Traced with eager attention it fuses; the
+    model is put back on SDPA after the trace."""
+    import json
+
+    dims = [
+        {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 4},
+        {"axis": 1, "name": "seq", "min": 1, "opt": 16, "max": 64},
+    ]
+    doc = small_cnn_doc(
+        source={"uri": "python://models.transformer:bert_tiny_sdpa"},
+        inputs=[
+            {"name": n, "dtype": "int64", "shape": [-1, -1], "low": lo, "high": hi, "dynamicDims": dims}
+            for n, lo, hi in (("input_ids", 0, 1000), ("attention_mask", 1, 2))
+        ],
+    )
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (target,) = json.loads(res.stdout)["targets"]
+    assert target["phase"] == "Succeeded", target
+    result = json.loads((Path(target["artifact"]["uri"].removeprefix("file://")) / "result.json").read_text())
+    assert "Attention=2" in result["options"]["fusedOps"], result["options"]
+    assert "sdpaFusion" not in result["options"]  # fused by ONNX Runtime's own optimizer
+    assert "traced with eager attention" in res.stderr
+
+
+def test_eager_attention_lasts_for_the_trace_only() -> None:
+    from models.transformer import bert_tiny, bert_tiny_sdpa
+
+    from kompile.compile_jobs.export import _eager_attention
+
+    notes: list[str] = []
+    model = bert_tiny_sdpa()
+    with _eager_attention(model, notes.append):
+        assert model.bert.config._attn_implementation == "eager"
+    assert model.bert.config._attn_implementation == "sdpa" and len(notes) == 1
+    with _eager_attention(bert_tiny(), notes.append):  # already eager: nothing to switch or say
+        pass
+    assert len(notes) == 1
 
 
 def test_sdpa_fusion_keeps_external_weights_outside(
