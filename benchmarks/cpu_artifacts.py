@@ -10,6 +10,7 @@ each artifact against the eager model. Works on its own (export, compile, valida
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -54,6 +55,7 @@ class ModelCase:
     output: str
     make: Callable[[np.random.Generator, int], Feeds]
     dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
+    dynamo: bool = False  # exported as users now do: torch.onnx.export(dynamo=True)
 
 
 def image_feeds(rng: np.random.Generator, batch: int) -> Feeds:
@@ -107,21 +109,32 @@ def build(case: ModelCase) -> Any:
 
 
 def export(case: ModelCase, model: Any, path: Path) -> float:
-    """TorchScript-based exporter, opset 17, dynamic batch (and sequence) axes."""
+    """TorchScript-based exporter, opset 17, dynamic batch (and sequence) axes; the dynamo exporter
+    (its default opset, the same axes) for a case marked `dynamo`."""
     import torch
 
     example = tuple(torch.from_numpy(a) for a in case.make(np.random.default_rng(0), 1).values())
+    auto = torch.export.Dim.AUTO  # ranges (a sequence up to the position table) as the model has them
+    how: dict[str, Any] = (
+        {
+            "dynamic_shapes": {n: dict.fromkeys(case.dynamic[n], auto) for n in case.inputs},
+            "external_data": False,
+            "verbose": False,
+        }
+        if case.dynamo
+        else {"dynamic_axes": case.dynamic, "opset_version": 17}
+    )
     start = time.perf_counter()
-    with torch.no_grad():
+    # The dynamo exporter prints its progress: stderr, as stdout carries this script's JSON.
+    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
         torch.onnx.export(
             model,
             example,
             str(path),
             input_names=case.inputs,
             output_names=[case.output],
-            dynamic_axes=case.dynamic,
-            opset_version=17,
-            dynamo=False,
+            dynamo=case.dynamo,
+            **how,
         )
     return time.perf_counter() - start
 

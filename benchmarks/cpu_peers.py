@@ -59,7 +59,9 @@ class PlainRunner:
         return [np.asarray(o) for o in self.fn({n: feeds[n] for n in self.names})]
 
 
-def plain_openvino(onnx_path: Path, feeds: list[Feeds], threads: int) -> dict[str, tuple[PlainRunner, str]]:
+def plain_openvino(
+    onnx_path: Path, feeds: list[Feeds], threads: int, int8: bool = True
+) -> dict[str, tuple[PlainRunner, str]]:
     """OpenVINO as its quick start shows: convert, compile for CPU, NNCF int8 with defaults."""
     import nncf
     import openvino as ov
@@ -73,6 +75,8 @@ def plain_openvino(onnx_path: Path, feeds: list[Feeds], threads: int) -> dict[st
     for hint, precision in hints:
         compiled = core.compile_model(model, "CPU", {**base, "INFERENCE_PRECISION_HINT": hint})
         out[f"openvino-{hint}"] = (PlainRunner(_ov_call(compiled), names), precision)
+    if not int8:
+        return out
     with nncf_on_stderr():  # stdout carries this script's JSON
         quantized = nncf.quantize(model, nncf.Dataset(feeds, lambda f: {n: f[n] for n in names}))
     compiled = core.compile_model(quantized, "CPU", base)
@@ -85,18 +89,20 @@ def _ov_call(compiled: Any) -> Any:
     return lambda inputs: [np.array(v) for v in request.infer(inputs).values()]
 
 
-def plain_onnxruntime(onnx_path: Path, work: Path, threads: int) -> dict[str, tuple[PlainRunner, str]]:
+def plain_onnxruntime(
+    onnx_path: Path, work: Path, threads: int, int8: bool = True
+) -> dict[str, tuple[PlainRunner, str]]:
     """ONNX Runtime with default session options and quantize_dynamic's defaults."""
     import onnxruntime as ort
     from onnxruntime.quantization import quantize_dynamic
 
-    dynamic = work / "plain-ort-int8.onnx"
-    quantize_dynamic(str(onnx_path), str(dynamic))
+    files: list[tuple[str, Path, str]] = [("onnxruntime", onnx_path, "fp32")]
+    if int8:
+        dynamic = work / "plain-ort-int8.onnx"
+        quantize_dynamic(str(onnx_path), str(dynamic))
+        files.append(("onnxruntime-int8-dynamic", dynamic, "int8"))
     out: dict[str, tuple[PlainRunner, str]] = {}
-    for name, path, precision in (
-        ("onnxruntime", onnx_path, "fp32"),
-        ("onnxruntime-int8-dynamic", dynamic, "int8"),
-    ):
+    for name, path, precision in files:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])

@@ -65,6 +65,14 @@ def minilm_l6() -> torch.nn.Module:
     return SentenceEncoder(bert).eval()
 
 
+def minilm_l6_sdpa() -> torch.nn.Module:
+    """all-MiniLM-L6-v2 as AutoModel loads it by default: on SDPA attention."""
+    from transformers import AutoModel
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return SentenceEncoder(AutoModel.from_pretrained(_minilm_dir())).eval()
+
+
 def minilm_l6_automodel() -> torch.nn.Module:
     """The same model as Hugging Face's AutoModel returns it, unwrapped: inputs by keyword among a
     dozen optional ones, a ModelOutput (last_hidden_state, pooler_output) out. kompile calls it by

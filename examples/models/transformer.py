@@ -19,7 +19,7 @@ class BertEncoder(torch.nn.Module):
         return hidden
 
 
-def bert_base() -> torch.nn.Module:
+def bert_base(attn_implementation: str = "eager") -> torch.nn.Module:
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=30522,
@@ -28,9 +28,14 @@ def bert_base() -> torch.nn.Module:
         num_attention_heads=12,
         intermediate_size=3072,
         max_position_embeddings=512,
-        attn_implementation="eager",
+        attn_implementation=attn_implementation,
     )
     return BertEncoder(config).eval()
+
+
+def bert_base_sdpa() -> torch.nn.Module:
+    """bert_base on SDPA attention, transformers' default when a model is built or loaded."""
+    return bert_base("sdpa")
 
 
 def bert_tiny(attn_implementation: str = "eager") -> torch.nn.Module:

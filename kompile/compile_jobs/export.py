@@ -241,7 +241,7 @@ def export_onnx(
     # Record tracer warnings rather than raising them: raised inside torch's C++ tracer they turn
     # into an opaque SystemError; recorded, they name the construct and its source line.
     with (
-        _eager_attention(module, note),  # first: its note goes to the reporter, not to export.log
+        eager_attention(module, note),  # first: its note goes to the reporter, not to export.log
         warnings.catch_warnings(record=True) as caught,
         output_to(out_path.parent / "export.log"),
     ):
@@ -292,7 +292,7 @@ def export_onnx(
 
 
 @contextlib.contextmanager
-def _eager_attention(module: Any, note: Callable[[str], None]) -> Iterator[None]:
+def eager_attention(module: Any, note: Callable[[str], None]) -> Iterator[None]:
     """Hugging Face models on SDPA attention (transformers' default), traced with their eager
     attention instead, the same math: the TorchScript exporter writes SDPA as a pattern no ONNX
     Runtime fusion matches, and eager attention as the one its Attention op fuses (all-MiniLM-L6-v2,

@@ -234,14 +234,14 @@ def test_a_python_source_on_sdpa_is_traced_with_eager_attention(
 def test_eager_attention_lasts_for_the_trace_only() -> None:
     from models.transformer import bert_tiny, bert_tiny_sdpa
 
-    from kompile.compile_jobs.export import _eager_attention
+    from kompile.compile_jobs.export import eager_attention
 
     notes: list[str] = []
     model = bert_tiny_sdpa()
-    with _eager_attention(model, notes.append):
+    with eager_attention(model, notes.append):
         assert model.bert.config._attn_implementation == "eager"
     assert model.bert.config._attn_implementation == "sdpa" and len(notes) == 1
-    with _eager_attention(bert_tiny(), notes.append):  # already eager: nothing to switch or say
+    with eager_attention(bert_tiny(), notes.append):  # already eager: nothing to switch or say
         pass
     assert len(notes) == 1
 
