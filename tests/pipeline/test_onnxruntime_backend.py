@@ -201,6 +201,23 @@ def test_dynamo_exported_sdpa_attention_is_fused(
         assert "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops, ops
 
 
+def test_a_failing_sdpa_rule_leaves_the_graph_unfused(
+    backend: OnnxRuntimeBackend, bert_sdpa: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fusion is an optimization: whatever onnxscript raises, the artifact is built unfused and
+    its options say why."""
+    from kompile.compile_jobs import sdpa_fusion
+
+    def broken(src: Path, dst: Path, external: bool) -> int:
+        raise AttributeError("'NoneType' object has no attribute 'shape'")
+
+    monkeypatch.setattr(sdpa_fusion, "fuse_sdpa_attention", broken)
+    target = Target(name="cpu", backend="onnxruntime", precision="fp32")
+    options = _build_and_check(backend, bert_sdpa, tmp_path / "out", target)
+    assert options["sdpaFusion"] == "failed: 'NoneType' object has no attribute 'shape'", options
+    assert "Attention" not in options["fusedOps"], options
+
+
 def test_a_python_source_on_sdpa_is_traced_with_eager_attention(
     kompile_run: Any, write_manifest: Any, tmp_path: Path
 ) -> None:
