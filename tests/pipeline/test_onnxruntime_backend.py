@@ -218,6 +218,22 @@ def test_a_failing_sdpa_rule_leaves_the_graph_unfused(
     assert "Attention" not in options["fusedOps"], options
 
 
+def test_a_fused_graph_onnx_runtime_cannot_optimize_falls_back_to_the_unfused_one(
+    backend: OnnxRuntimeBackend, bert_sdpa: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kompile.compile_jobs import sdpa_fusion
+
+    def not_onnx(src: Path, dst: Path, external: bool) -> int:
+        dst.write_bytes(b"not a model")
+        return 2
+
+    monkeypatch.setattr(sdpa_fusion, "fuse_sdpa_attention", not_onnx)
+    target = Target(name="cpu", backend="onnxruntime", precision="fp32")
+    options = _build_and_check(backend, bert_sdpa, tmp_path / "out", target)
+    assert options["sdpaFusion"].startswith("failed: transformer fusion (bert)"), options
+    assert "Attention" not in options["fusedOps"], options
+
+
 def test_a_python_source_on_sdpa_is_traced_with_eager_attention(
     kompile_run: Any, write_manifest: Any, tmp_path: Path
 ) -> None:

@@ -214,7 +214,7 @@ def fuse_transformer(
                 hidden_size=hidden,
                 optimization_options=fusion,
             )
-        except TOOL_ERRORS as err:
+        except (*TOOL_ERRORS, DecodeError) as err:
             raise BackendError(
                 f"transformer fusion ({record['modelType']}) of {src} failed: {err}; set option "
                 "modelType=none to skip it, or numHeads and hiddenSize if they were misdetected"
@@ -227,7 +227,10 @@ def fuse_transformer(
     # projections would stay fp32 (MiniLM int8: 12.6 ms fused, 12.4 ms unfused).
     if unfused and record["precision"] != "int8":
         sdpa = _fused_sdpa(src, dst.with_name("sdpa-fused.onnx"), external, record)
-        fused = optimized(sdpa) if sdpa is not None else fused
+        try:
+            fused = optimized(sdpa) if sdpa is not None else fused
+        except BackendError as err:  # the unfused graph optimized above still serves
+            record["sdpaFusion"] = f"failed: {str(err).splitlines()[0]}"
     try:
         fused.save_model_to_file(str(dst), use_external_data_format=external)
     except TOOL_ERRORS as err:
