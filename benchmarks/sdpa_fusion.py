@@ -18,6 +18,7 @@ Eager PyTorch and torch.compile time the module as the user runs it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from functools import partial
@@ -64,7 +65,7 @@ def fp32_peers(run: CaseRun) -> dict[str, PlainRunner]:
     question)."""
     ort = plain_onnxruntime(run.onnx_path, run.work, run.threads, int8=False)
     ov = plain_openvino(run.onnx_path, run.feeds, run.threads, int8=False)
-    return {name: runner for name, (runner, _) in {**ort, **ov}.items() if name != "openvino-bf16"}
+    return {name: runner for name, (runner, precision) in {**ort, **ov}.items() if precision == "fp32"}
 
 
 def add_runtimes(run: CaseRun) -> None:
@@ -83,10 +84,7 @@ def add_runtimes(run: CaseRun) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         notes: list[str] = []
         start = time.perf_counter()
-        if switch:
-            with eager_attention(run.model, notes.append):
-                export(traced, run.model, path)
-        else:
+        with eager_attention(run.model, notes.append) if switch else contextlib.nullcontext():
             export(traced, run.model, path)
         art([(name, "fp32", None, {})], path, runtimes=run.runtimes, callers=run.callers)
         run.runtimes[name]["export_s"] = round(time.perf_counter() - start, 2)

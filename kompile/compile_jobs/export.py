@@ -25,7 +25,7 @@ from kompile.compile_jobs.inputs import Feed
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import LoadedSource, module_label
 from kompile.compile_jobs.triton import TensorSpec
-from kompile.compile_jobs.user_code import where
+from kompile.compile_jobs.user_code import first_line, where
 
 OPSET = 17
 
@@ -72,7 +72,7 @@ def eager_outputs(
                 at = where(err)
                 raise ExportError(
                     f"{module_label(module)} failed on inputs shaped "
-                    f"{ {k: list(v.shape) for k, v in feed.items()} }: {kind}{_first_line(err)}"
+                    f"{ {k: list(v.shape) for k, v in feed.items()} }: {kind}{first_line(err)}"
                     f"{f' (at {at})' if at else ''}; {_dtype_hint(module, signature)}"
                     f"{dims_hint(signature, feed)}"
                     f"{forward_hint(module, [s.name for s in signature])}"
@@ -149,11 +149,6 @@ def eager_callable(module: Any, feed: Feed, signature: Sequence[InputSpec]) -> A
     return call
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _construct(err: BaseException) -> str:
     """The unexportable construct and where it sits, from a tracer or exporter message."""
     text = str(err)
@@ -167,7 +162,7 @@ def _construct(err: BaseException) -> str:
         )
     if op:
         return f"operator {op.group(1)} has no ONNX conversion at opset {OPSET}"
-    return _first_line(err)
+    return first_line(err)
 
 
 def names_for_outputs(count: int, module: Any = None, inputs: Sequence[str] = ()) -> list[str]:
@@ -284,7 +279,7 @@ def export_onnx(
                 f"int() ({size}), x.flatten(1) or x.reshape(x.shape[0], -1), or make the input static."
             )
         raise ExportError(
-            f"cannot export {label} to ONNX: {at}: {_first_line(Exception(w.message))} "
+            f"cannot export {label} to ONNX: {at}: {first_line(Exception(w.message))} "
             "This is Python control flow or a Python value computed from a tensor, which a graph cannot "
             "hold. Rewrite it with tensor ops (torch.where) or make it independent of input values."
         )
@@ -423,7 +418,7 @@ def _check_onnx_source(
         onnx.checker.check_model(str(src))
     except (onnx.checker.ValidationError, OSError, ValueError) as err:
         msg = (
-            str(err) if isinstance(err, SourceError) else f"{src}: not a valid ONNX model: {_first_line(err)}"
+            str(err) if isinstance(err, SourceError) else f"{src}: not a valid ONNX model: {first_line(err)}"
         )
         raise ExportError(msg) from None
     graph_inputs = [

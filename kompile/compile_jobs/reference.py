@@ -11,6 +11,7 @@ import numpy as np
 
 from kompile.compile_jobs.inputs import Feed
 from kompile.compile_jobs.source_files import SourceError
+from kompile.compile_jobs.user_code import first_line
 
 
 class OnnxReferenceRunner:
@@ -58,7 +59,7 @@ class OnnxReferenceRunner:
             raw = self.session.run(self.output_names, feeds)
         except Exception as err:  # noqa: BLE001 - ONNX Runtime's own classes derive from Exception
             # Its first line, without the node's C++ location: what the graph refused of the inputs.
-            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            said = first_line(err)
             raise RuntimeError(re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", said)) from None
         outs = [np.asarray(o) for o in raw]
         # Integer and boolean outputs (labels, masks) stay so: validation holds them to equality.

@@ -11,10 +11,7 @@ own rewriter, knows that pattern: its SDPA, multi-head and Attention rules run h
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 DATA_FILE = "sdpa-fused.onnx.data"
 
@@ -42,7 +39,7 @@ def fuse_sdpa_attention(src: Path, dst: Path, external: bool) -> int:
     if not fuse_sdpa(model, apply_shape_inference=True):
         return 0
     # SDPA -> MultiHeadAttention (with its scale and projection biases) -> Attention (one packed QKV
-    # projection, which int8 dynamic quantization turns into QAttention).
+    # projection; its mask is a bias, which QAttention has no input for: fp32 builds only).
     for rule in (fuse_mha1, fuse_mha2, fuse_mha_scale, fuse_mha_bias, fuse_attention):
         rule(model)
     optimize(model)

@@ -26,7 +26,7 @@ from kompile.artifact_store import local_path
 from kompile.compile_jobs import huggingface, source_files
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.source_files import SourceError as SourceError  # re-exported
-from kompile.compile_jobs.user_code import where
+from kompile.compile_jobs.user_code import first_line, where
 from kompile.registry import hide_userinfo
 
 LOAD_LOG = "load.log"
@@ -277,10 +277,9 @@ def _load_torch_file(path: Path, fmt: str, log: Path) -> tuple[Any, Any]:
                 return program_module(program, path.name), program
             return torch.jit.load(str(path), map_location="cpu").eval(), None
     except (RuntimeError, ValueError, OSError, KeyError, AttributeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise SourceError(
             f"{path}: expected {source_files.EXPECTED[fmt]}, but it cannot be loaded (corrupt, or written "
-            f"by an incompatible torch?): {first}"
+            f"by an incompatible torch?): {first_line(err)}"
         ) from None
 
 

@@ -15,6 +15,7 @@ from kompile.compile_jobs import benchmark as bench
 from kompile.compile_jobs import export, inputs, sources
 from kompile.compile_jobs.backends.base import BackendError, Runner
 from kompile.compile_jobs.residency import UnloadedRunner
+from kompile.compile_jobs.user_code import first_line
 
 PAUSE_S = 0.05
 SETTLE_CALLS = 1
@@ -79,9 +80,9 @@ def run_benchmark(
                     runners = {t.label: _held(t.runner, held) for t in group}
                 except (BackendError, RuntimeError, OSError) as err:
                     # Loaded once already, at validation: say why it is not timed, and go on.
-                    why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     reporter.stage(
-                        group[0].label, f"not timed at batch {batch}: loading it again failed: {why}"
+                        group[0].label,
+                        f"not timed at batch {batch}: loading it again failed: {first_line(err)}",
                     )
                     continue
                 what = (

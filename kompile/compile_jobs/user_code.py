@@ -47,3 +47,10 @@ def where(err: BaseException) -> str:
         return f"{Path(err.filename).name}:{err.lineno}"
     frame = user_frame(err)
     return f"{Path(frame.filename).name}:{frame.lineno}" if frame is not None else ""
+
+
+def first_line(err: BaseException) -> str:
+    """An error's first line, or its type where it says nothing: what a one-line message quotes of
+    a library's pages."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

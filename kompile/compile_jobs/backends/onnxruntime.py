@@ -48,6 +48,7 @@ from kompile.compile_jobs.backends.base import (
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
 from kompile.compile_jobs.source_files import onnx_external_files
+from kompile.compile_jobs.user_code import first_line
 
 Array = np.ndarray[Any, Any]
 Opts = dict[str, str]
@@ -83,8 +84,9 @@ def load_checked(path: Path) -> onnx.ModelProto:
         onnx.checker.check_model(str(path))
         return onnx.load(str(path), load_external_data=False)
     except (DecodeError, onnx.checker.ValidationError, OSError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise BackendError(f"{path} is not a valid ONNX model ({first}); re-export the source model") from err
+        raise BackendError(
+            f"{path} is not a valid ONNX model ({first_line(err)}); re-export the source model"
+        ) from err
 
 
 @dataclass
@@ -230,7 +232,7 @@ def fuse_transformer(
         try:
             fused = optimized(sdpa) if sdpa is not None else fused
         except BackendError as err:  # the unfused graph optimized above still serves
-            record["sdpaFusion"] = f"failed: {str(err).splitlines()[0]}"
+            record["sdpaFusion"] = f"failed: {first_line(err)}"
     try:
         fused.save_model_to_file(str(dst), use_external_data_format=external)
     except TOOL_ERRORS as err:
@@ -258,7 +260,7 @@ def _fused_sdpa(src: Path, dst: Path, external: bool, record: Opts) -> Path | No
         record["sdpaFusion"] = f"unavailable: {err}"
         return None
     except Exception as err:  # noqa: BLE001 - an optimization: whatever a rule raises, the graph stays unfused
-        record["sdpaFusion"] = f"failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        record["sdpaFusion"] = f"failed: {first_line(err)}"
         return None
     record["sdpaFusion"] = f"Attention={made}" if made else "none"
     return dst if made else None
