@@ -37,8 +37,35 @@ def numpy_dtype(dtype: str) -> Any:
     return _NUMPY_DTYPES[dtype]
 
 
+def _is_padding_mask(spec: InputSpec, shape: list[int]) -> bool:
+    """A 2-D 0/1 input named as tokenizers and torch name a sequence's padding (attention_mask: 1 a
+    token; key_padding_mask: True padding), one row per sequence. Left at the values declared it
+    would be all ones, and the gate would never see an artifact that ignores the mask (a trace
+    specialised on an all-ones example does). Other masks (torch's attn_mask, whose True means
+    "attend" in one API and "do not" in another) keep their declared values."""
+    if len(shape) != 2 or not spec.name.lower().endswith(("attention_mask", "padding_mask")):
+        return False
+    if spec.dtype == "bool":
+        return True
+    integer = np.issubdtype(numpy_dtype(spec.dtype), np.integer)
+    return integer and (spec.low is None or spec.low in (0, 1)) and (spec.high is None or spec.high == 2)
+
+
+def _padded_mask(spec: InputSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    """Right-padded rows: each sequence's length drawn from half the width to all of it (never
+    empty: a row with nothing to attend to is NaN in most kernels). 1 marks a token, as tokenizers
+    write it; a name ending in padding_mask (torch's key_padding_mask) marks the padding instead."""
+    rows, width = shape
+    lengths = rng.integers(max(1, width // 2), width + 1, size=rows)
+    tokens = np.arange(width)[None, :] < lengths[:, None]
+    marked = ~tokens if spec.name.lower().endswith("padding_mask") else tokens
+    return marked.astype(numpy_dtype(spec.dtype))
+
+
 def _generate_one(spec: InputSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray[Any, Any]:
     dt = numpy_dtype(spec.dtype)
+    if _is_padding_mask(spec, shape):
+        return _padded_mask(spec, shape, rng)
     if spec.dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(np.bool_)
     if np.issubdtype(dt, np.integer):

@@ -49,10 +49,61 @@ def test_generated_feeds_are_deterministic_and_shaped() -> None:
     for fa, fb in zip(a, b, strict=True):
         np.testing.assert_array_equal(fa["ids"], fb["ids"])
         assert fa["ids"].shape == (1, 16) and fa["ids"].dtype == np.int64
-        assert fa["ids"].max() < 100 and (fa["mask"] == 1).all()
+        assert fa["ids"].max() < 100
     big = inputs.generate_feeds(SIG, 1, 0, {"batch": 4})[0]
     assert big["ids"].shape == (4, 16)
     assert inputs.batch_dim(SIG) == "batch"
+
+
+def _mask_spec(name: str, dtype: str, low: int | None, high: int | None) -> InputSpec:
+    dims = [{"axis": 0, "name": "batch", "min": 1, "opt": 4, "max": 8}]
+    doc = {"name": name, "dtype": dtype, "shape": [-1, 32], "low": low, "high": high, "dynamicDims": dims}
+    return InputSpec.model_validate({k: v for k, v in doc.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "low", "high"),
+    [
+        ("attention_mask", "int64", 1, 2),  # what kompile init writes from a tokenizer
+        ("attention_mask", "int64", 0, 2),
+        ("decoder_attention_mask", "int32", None, None),
+        ("attention_mask", "bool", None, None),
+    ],
+)
+def test_generated_attention_masks_pad_like_a_tokenizer(
+    name: str, dtype: str, low: int | None, high: int | None
+) -> None:
+    """A mask of ones never shows the gate an artifact that ignores the mask (a trace specialised on
+    an all-ones example does): rows are ones then zeros, most of them padded."""
+    feeds = inputs.generate_feeds([_mask_spec(name, dtype, low, high)], 3, seed=0)
+    rows = np.concatenate([f[name] for f in feeds]).astype(np.int64)
+    assert rows.shape == (12, 32)
+    lengths = rows.sum(axis=1)
+    assert (rows[:, 0] == 1).all() and (lengths >= 16).all()  # no row without a token
+    assert all((row[:n] == 1).all() and (row[n:] == 0).all() for row, n in zip(rows, lengths, strict=True))
+    assert (lengths < 32).sum() >= 9  # padded, bar the odd row drawn at full length
+    assert len(set(lengths.tolist())) > 3
+
+
+def test_a_padding_mask_marks_the_padding() -> None:
+    """nn.MultiheadAttention's key_padding_mask is True where a position is padding."""
+    (feed,) = inputs.generate_feeds([_mask_spec("src_key_padding_mask", "bool", None, None)], 1, seed=0)
+    rows = feed["src_key_padding_mask"]
+    assert rows.dtype == np.bool_ and not rows[:, 0].any() and rows[:, -1].sum() >= 3
+
+
+def test_other_masks_keep_their_declared_values() -> None:
+    """A mask input declared with other values (a 3-D pixel mask, a range beyond 0/1) or named
+    otherwise (attn_mask's True means "attend" to one torch API, "do not" to another) is not
+    rewritten."""
+    pixel = InputSpec.model_validate(
+        {"name": "pixel_mask", "dtype": "int64", "shape": [2, 8, 8], "low": 1, "high": 2}
+    )
+    ranged = _mask_spec("attention_mask", "int64", 0, 5)
+    other = _mask_spec("attn_mask", "int64", 1, 2)
+    (feed,) = inputs.generate_feeds([pixel, ranged, other], 1, seed=0)
+    assert (feed["pixel_mask"] == 1).all() and (feed["attn_mask"] == 1).all()
+    assert feed["attention_mask"].max() > 1
 
 
 def test_dataset_split_into_samples(tmp_path: Path) -> None:

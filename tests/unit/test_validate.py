@@ -254,3 +254,44 @@ def test_the_eager_reference_keeps_integer_outputs_integer() -> None:
     spec = InputSpec(name="x", shape=[1, 4])
     (outs,) = eager_outputs(Argmax(), [{"x": np.ones((1, 4), np.float32)}], [spec])
     assert [o.dtype for o in outs] == [np.float32, np.int64, np.bool_]
+
+
+def test_the_gate_fails_an_artifact_that_ignores_the_attention_mask() -> None:
+    """What a trace specialised on an all-ones mask gives (transformers drops an all-ones mask on
+    some attention paths): the generated feeds pad, so the gate sees the difference."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from kompile.api.spec import InputSpec
+    from kompile.compile_jobs.inputs import generate_feeds
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    bert = BertModel(config, add_pooling_layer=False).eval()
+    dims = [{"axis": 0, "name": "batch", "min": 1, "opt": 2, "max": 8}]
+    signature = [
+        InputSpec.model_validate(
+            {"name": n, "dtype": "int64", "shape": [-1, 24], "low": lo, "high": hi, "dynamicDims": dims}
+        )
+        for n, lo, hi in (("input_ids", 0, 100), ("attention_mask", 1, 2))
+    ]
+    feeds = generate_feeds(signature, 3, seed=0)
+
+    def run(mask_of: Any) -> list[list[Array]]:
+        with torch.no_grad():
+            return [
+                [
+                    bert(
+                        input_ids=torch.from_numpy(f["input_ids"]), attention_mask=mask_of(f)
+                    ).last_hidden_state.numpy()
+                ]
+                for f in feeds
+            ]
+
+    reference = run(lambda f: torch.from_numpy(f["attention_mask"]))
+    maskless = run(lambda f: torch.ones_like(torch.from_numpy(f["attention_mask"])))
+    assert compare(reference, reference, ["hidden"], default_thresholds("fp32")).passed
+    verdict = compare(reference, maskless, ["hidden"], default_thresholds("fp32"))
+    assert not verdict.passed and "max abs error" in verdict.failures[0], verdict.failures
