@@ -157,7 +157,8 @@ def commented_yaml(doc: dict[str, Any], model: Path) -> str:
         + (f" ({', '.join(guessed)})" if guessed else "")
         + ":",
         "  # set it to the sizes you serve.",
-        "  # Integer inputs get reference values in [low, high): token ids need high <= vocabulary size.",
+        "  # Integer inputs get reference values in [low, high): token ids need high <= vocabulary size;",
+        "  # a 2-D attention_mask gets rows of ones right-padded with zeros, as a tokenizer pads a batch.",
         _block({"inputs": spec["inputs"]}, 2).rstrip(),
         "  # One target per hardware class of the fleet and per precision; backend auto compiles every",
         "  # backend that fits the class and keeps the fastest that validates. Add int8, bf16, fp16.",
