@@ -181,8 +181,8 @@ class InputSpec(ApiModel):
         description=(
             "Upper bound (exclusive) for generated reference values. Unset: 2 for int64/int32 "
             "(ids, indices), 256 for uint8 (image bytes); floats are drawn from a standard normal. "
-            "A 2-D 0/1 attention_mask (or key_padding_mask) gets rows right-padded as a tokenizer "
-            "pads a batch."
+            "A 2-D attention_mask (or key_padding_mask) of 0/1 integers, booleans or unbounded "
+            "floats gets rows right-padded as a tokenizer pads a batch."
         ),
     )
 

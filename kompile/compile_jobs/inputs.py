@@ -47,6 +47,9 @@ def _is_padding_mask(spec: InputSpec, shape: list[int]) -> bool:
         return False
     if spec.dtype == "bool":
         return True
+    if spec.dtype.startswith(("float", "bfloat")):
+        # Unbounded floats would be drawn from a standard normal: never a mask a model was made for.
+        return spec.low is None and spec.high is None
     integer = np.issubdtype(numpy_dtype(spec.dtype), np.integer)
     return integer and (spec.low is None or spec.low in (0, 1)) and (spec.high is None or spec.high == 2)
 

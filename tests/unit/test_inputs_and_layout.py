@@ -68,6 +68,7 @@ def _mask_spec(name: str, dtype: str, low: int | None, high: int | None) -> Inpu
         ("attention_mask", "int64", 0, 2),
         ("decoder_attention_mask", "int32", None, None),
         ("attention_mask", "bool", None, None),
+        ("attention_mask", "float32", None, None),  # some exporters take the mask as floats
     ],
 )
 def test_generated_attention_masks_pad_like_a_tokenizer(
@@ -93,15 +94,18 @@ def test_a_padding_mask_marks_the_padding() -> None:
 
 
 def test_other_masks_keep_their_declared_values() -> None:
-    """A mask input declared with other values (a 3-D pixel mask, a range beyond 0/1) or named
+    """A mask input declared with other values (a 3-D pixel mask, a range beyond 0/1, floats with
+    bounds) or named
     otherwise (attn_mask's True means "attend" to one torch API, "do not" to another) is not
     rewritten."""
     pixel = InputSpec.model_validate(
         {"name": "pixel_mask", "dtype": "int64", "shape": [2, 8, 8], "low": 1, "high": 2}
     )
     ranged = _mask_spec("attention_mask", "int64", 0, 5)
+    bounded = _mask_spec("padding_mask", "float32", -1, 1)
     other = _mask_spec("attn_mask", "int64", 1, 2)
-    (feed,) = inputs.generate_feeds([pixel, ranged, other], 1, seed=0)
+    (feed,) = inputs.generate_feeds([pixel, ranged, other, bounded], 1, seed=0)
+    assert (feed["padding_mask"] < 0).any()
     assert (feed["pixel_mask"] == 1).all() and (feed["attn_mask"] == 1).all()
     assert feed["attention_mask"].max() > 1
 
