@@ -8,6 +8,7 @@ for CPU nodes. A class carries the scheduling constraints that pin a compile Job
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,14 +47,19 @@ class HardwareClass:
     nodes: tuple[str, ...] = ()
 
     def affinity(self) -> dict[str, Any]:
-        """Required node affinity beyond the nodeSelector: product variants, and CPU classes off GPU nodes."""
+        """Required node affinity beyond the nodeSelector: product variants, CPU classes off GPU nodes
+        and off the nodes of a wider ISA. A node of a wider ISA carries the narrower ISA's label too
+        (an AVX-512 VNNI node says AVX2=true): an AVX2 class's Job placed there would measure and
+        tune on the wrong CPU, and a compiler that targets the host (TVM, IREE) would emit
+        instructions the class's own nodes do not have."""
         exprs: list[dict[str, Any]] = []
         if self.kind == "gpu":
             exprs.append({"key": GPU_PRODUCT, "operator": "In", "values": sorted(self.products)})
         else:
             exprs.append({"key": GPU_PRODUCT, "operator": "DoesNotExist"})
-            if self.isa is None:
-                exprs += [{"key": label, "operator": "DoesNotExist"} for label, _ in NFD_ISA]
+            # The labels classify() reads before this class's own: a node with one is another class.
+            wider = [label for label, isa in itertools.takewhile(lambda e: e[1] != self.isa, NFD_ISA)]
+            exprs += [{"key": label, "operator": "NotIn", "values": ["true"]} for label in wider]
         return {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {

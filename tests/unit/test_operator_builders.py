@@ -88,6 +88,35 @@ def test_discover_groups_by_arch_product_and_capability() -> None:
     assert discover(unschedulable) == []
 
 
+def test_a_cpu_class_keeps_off_the_nodes_of_a_wider_isa() -> None:
+    """A wider node carries the narrower ISA labels too; the class's affinity names the ones classify()
+    reads first, so the scheduler places the class's Job only where classify() would."""
+    vnni = node(
+        "vnni",
+        **{
+            "kubernetes.io/arch": "amd64",
+            "feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI": "true",
+            "feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true",
+            "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true",
+        },
+    )
+    classes = {c.name: c for c in discover([*FLEET, vnni])}
+
+    def excluded(name: str) -> set[str]:
+        terms = classes[name].affinity()["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        (term,) = terms["nodeSelectorTerms"]
+        return {
+            e["key"].rsplit(".", 1)[1]
+            for e in term["matchExpressions"]
+            if e["operator"] == "NotIn" and e["values"] == ["true"]
+        }
+
+    assert classes["cpu-amd64-avx2"].node_selector["feature.node.kubernetes.io/cpu-cpuid.AVX2"] == "true"
+    assert excluded("cpu-amd64-avx2") == {"AVX512VNNI", "AVX512F", "AVXVNNI"}
+    assert excluded("cpu-amd64-avx512vnni") == set()
+    assert excluded("cpu-amd64") == {"AVX512VNNI", "AVX512F", "AVXVNNI", "AVX2", "ASIMDDP"}
+
+
 def test_fleet_mode_gets_one_target_per_class_and_precision() -> None:
     model = cm(fleet={"enabled": True, "precisions": ["fp32", "int8"]})
     resolved = resolve_targets(model.spec, discover(FLEET), gpu_runtime="nvidia")
