@@ -38,7 +38,7 @@ class OnnxReferenceRunner:
         except (Fail, InvalidGraph, NotImplemented, InvalidArgument) as err:
             # Its graph as given (an operator of a domain no runtime here has, a type it lacks):
             # the user's to change, not kompile's bug.
-            said = str(err).strip().splitlines()[0]
+            said = first_line(err)
             said = said.rpartition(" failed:")[2] or said
             # Without its source location and C++ signature ("/onnxruntime_src/...h:46 void f(...)").
             said = re.sub(r"^\s*/\S+:\d+ [^(]*\([^)]*\)\s*", "", said)

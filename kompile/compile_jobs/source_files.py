@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kompile.compile_jobs.user_code import first_line
+
 
 class SourceError(ValueError):
     """The source cannot be fetched or loaded; the message says what to change."""
@@ -230,7 +232,7 @@ def read_onnx_graph(path: Path) -> Any:
     except (DecodeError, ValueError) as err:
         raise SourceError(
             f"{path}: expected {EXPECTED['onnx']}, found {path.stat().st_size} bytes that cannot be "
-            f"parsed as one (truncated or corrupt?): {str(err).strip().splitlines()[0]}"
+            f"parsed as one (truncated or corrupt?): {first_line(err)}"
         ) from None
 
 

@@ -153,7 +153,7 @@ def _runs_at(label: str, runner: Runner, feed: inputs.Feed, batch: int, reporter
     try:
         runner.run(feed)
     except (BackendError, RuntimeError, ValueError) as err:
-        reporter.stage(label, f"not timed at batch {batch}: {str(err).strip().splitlines()[0]}")
+        reporter.stage(label, f"not timed at batch {batch}: {first_line(err)}")
         return False
     return True
 

@@ -39,6 +39,7 @@ from kompile.compile_jobs.backends.base import (
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16
 from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
+from kompile.compile_jobs.user_code import first_line
 from kompile.compile_jobs.validate import row_cosines
 
 Array = np.ndarray[Any, Any]
@@ -148,7 +149,7 @@ def quantize(
                 quantized = nncf.quantize(model, dataset, **common)
     except (*OV_ERRORS, nncf.errors.ValidationError) as err:
         raise BackendError(
-            f"NNCF int8 quantization failed: {str(err).strip().splitlines()[0]}; keep op types in float "
+            f"NNCF int8 quantization failed: {first_line(err)}; keep op types in float "
             "with option ignoredTypes, or build at bf16 or fp32"
         ) from err
     fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
@@ -177,9 +178,7 @@ def compress_weights(model: ov.Model, record: dict[str, str]) -> ov.Model:
         with nncf_on_stderr():
             compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
     except (*OV_ERRORS, nncf.errors.ValidationError) as err:
-        raise BackendError(
-            f"NNCF int8 weight compression failed: {str(err).strip().splitlines()[0]}"
-        ) from err
+        raise BackendError(f"NNCF int8 weight compression failed: {first_line(err)}") from err
     record.update(quantization="nncf-weights-int8", weightType="int8-asym", activationType="float")
     return compressed
 
