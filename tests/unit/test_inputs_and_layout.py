@@ -95,9 +95,8 @@ def test_a_padding_mask_marks_the_padding() -> None:
 
 def test_other_masks_keep_their_declared_values() -> None:
     """A mask input declared with other values (a 3-D pixel mask, a range beyond 0/1, floats with
-    bounds) or named
-    otherwise (attn_mask's True means "attend" to one torch API, "do not" to another) is not
-    rewritten."""
+    bounds) or named otherwise (attn_mask's True means "attend" to one torch API, "do not" to
+    another) is not rewritten."""
     pixel = InputSpec.model_validate(
         {"name": "pixel_mask", "dtype": "int64", "shape": [2, 8, 8], "low": 1, "high": 2}
     )
