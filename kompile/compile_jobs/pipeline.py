@@ -28,7 +28,8 @@ from kompile.api.status import Baseline, CompiledModelStatus, TargetStatus, summ
 from kompile.compile_jobs import benchmark as bench
 from kompile.compile_jobs import export, inputs, sources, timing
 from kompile.compile_jobs.backends.base import Runner
-from kompile.compile_jobs.build import BuildContext, plan_target, reference_results
+from kompile.compile_jobs.batch_check import BatchCheck
+from kompile.compile_jobs.build import BuildContext, plan_target, reference_results, thresholds_of
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
 from kompile.compile_jobs.residency import Residency, memory_limit, weights_bytes
@@ -172,7 +173,8 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         reference_runner=reference_runner,
     )
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
-    status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter)
+    check = BatchCheck(spec.inputs, reference, loaded.module, reference_runner, spec.validation.task)
+    status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter, check)
     result = PipelineResult(status=status, lineage=loaded.lineage)
     for p in planned:
         built = p.finish(_timed_batches(cm)) if p.multi else next(iter(p.built), None)
@@ -300,8 +302,10 @@ def _benchmark(
     planned: Sequence[PlannedTarget],
     targets: Sequence[Target],
     reporter: Reporter,
+    check: BatchCheck,
 ) -> list[Baseline]:
-    """Time eager and every validated artifact in the same interleaved rounds."""
+    """Time eager and every validated artifact in the same interleaved rounds, each validated at
+    every batch size it is timed at."""
     timed_at = _timed_batches(cm)
     if timed_at != list(cm.spec.benchmark.batch_sizes):
         reporter.stage(
@@ -310,12 +314,13 @@ def _benchmark(
             f"(spec.benchmark.batchSizes {cm.spec.benchmark.batch_sizes} needs a dynamic dim on axis 0)",
         )
     timed = [
-        timing.Timed(label, b.runner, b.status)
+        timing.Timed(label, b.runner, b.status, thresholds_of(cm, b.target))
         for p in planned
         for label, b in p.labelled()
         if b.runner is not None and b.status.validation and b.status.validation.passed
     ]
-    return timing.run_benchmark(cm, loaded, reference_runner, timed, _batch_sizes(cm, targets), reporter)
+    batches = _batch_sizes(cm, targets)
+    return timing.run_benchmark(cm, loaded, reference_runner, timed, batches, reporter, check)
 
 
 def _timed_batches(cm: CompiledModel) -> list[int]:

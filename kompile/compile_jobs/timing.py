@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kompile.api.resource import CompiledModel
-from kompile.api.status import Baseline, LatencyStats, TargetStatus
+from kompile.api.status import Baseline, LatencyStats, TargetStatus, Thresholds
 from kompile.compile_jobs import benchmark as bench
 from kompile.compile_jobs import export, inputs, sources
 from kompile.compile_jobs.backends.base import BackendError, Runner
+from kompile.compile_jobs.batch_check import BatchCheck, fail_at_batch
 from kompile.compile_jobs.residency import UnloadedRunner
 from kompile.compile_jobs.user_code import first_line
 
@@ -32,6 +33,8 @@ class Timed:
     label: str
     runner: Runner
     status: TargetStatus
+    thresholds: Thresholds | None = None
+    """Its validation thresholds, to hold it to at batch sizes other than the reference's."""
 
 
 def batch_feeds(cm: CompiledModel, batch: int) -> inputs.Feed | None:
@@ -55,8 +58,11 @@ def run_benchmark(
     timed: Sequence[Timed],
     batch_sizes: Sequence[int],
     reporter: StageReporter,
+    check: BatchCheck | None = None,
 ) -> list[Baseline]:
-    """Fill each Timed's status.latency / eager_latency / speedup; return the baselines."""
+    """Fill each Timed's status.latency / eager_latency / speedup; return the baselines. With
+    `check`, each artifact is validated at a batch size before it is timed there: one that misses
+    is failed (kompile.compile_jobs.batch_check)."""
     b = cm.spec.benchmark
     if not timed:
         return []
@@ -97,8 +103,13 @@ def run_benchmark(
                 if compiled_module is not None and i == 0:
                     fns["torch.compile"] = export.eager_callable(compiled_module[0], feed, cm.spec.inputs)
                 for t in group:
-                    if _runs_at(t.label, runners[t.label], feed, batch, reporter):
-                        fns[t.label] = _runner_call(runners[t.label], feed)
+                    runner = runners[t.label]
+                    if (
+                        _passed(t)
+                        and _runs_at(t.label, runner, feed, batch, reporter)
+                        and _holds_at(check, t, runner, batch, reporter)
+                    ):
+                        fns[t.label] = _runner_call(runner, feed)
                 stats = _round(cm, fns, batch)
                 # Nothing may hold the runner as the round ends: its memory goes before the next loads.
                 fns.clear()
@@ -112,6 +123,8 @@ def run_benchmark(
                 if t.label in stats:
                     t.status.latency.append(stats[t.label])
     for t in timed:
+        if not _passed(t):
+            continue  # failed at a batch size: no figures
         t.status.eager_latency = own_eager[t.label]
         first = t.status.latency[0] if t.status.latency else None
         # Against eager at the same batch size, in the same round (an artifact of a static shape
@@ -156,6 +169,29 @@ def _runs_at(label: str, runner: Runner, feed: inputs.Feed, batch: int, reporter
         reporter.stage(label, f"not timed at batch {batch}: {first_line(err)}")
         return False
     return True
+
+
+def _passed(t: Timed) -> bool:
+    """Not failed at a batch size (run_benchmark is given validated artifacts only)."""
+    return t.status.validation is None or t.status.validation.passed
+
+
+def _holds_at(
+    check: BatchCheck | None, t: Timed, runner: Runner, batch: int, reporter: StageReporter
+) -> bool:
+    """Whether the artifact's outputs at this batch pass its thresholds (True where validation
+    already held it: the reference batch). A miss fails the target, and it is timed no more."""
+    if check is None or t.thresholds is None or not check.needs(batch):
+        return True
+    try:
+        failures = check.failures(batch, runner, t.thresholds)
+    except (BackendError, RuntimeError, ValueError) as err:  # it ran this batch a moment ago
+        failures = [f"at batch {batch}: failed on the reference inputs: {first_line(err)}"]
+    if not failures:
+        return True
+    fail_at_batch(t.status, failures)
+    reporter.stage(t.label, f"failed validation at batch {batch}, not timed: {'; '.join(failures)}")
+    return False
 
 
 def _held(runner: Runner, stack: contextlib.ExitStack) -> Runner:

@@ -1,0 +1,97 @@
+"""Validation beyond the reference batch: an artifact is held to the source model at every batch
+size the benchmark times it at, not only at the batch its reference inputs hold (the batch dim's
+opt). A trace bakes in shape-dependent control flow of installed code (export.py lets those tracer
+warnings pass) and a compiler can get one shape wrong: right at opt and wrong at batch 8, an
+artifact timed at 8 could win a selection made there and be rolled out.
+
+The inputs at another batch are the reference inputs themselves, stacked along the batch axis and
+cycled to the size: a dataset's real samples stay real (random inputs would hold a quantized model
+to data it was never meant to see), and generated ones keep their ranges and padding masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kompile.api.spec import InputSpec, batch_dim
+from kompile.api.status import TargetStatus, Thresholds
+from kompile.api.vocabulary import TaskKind
+from kompile.compile_jobs import export
+from kompile.compile_jobs.backends.base import Runner
+from kompile.compile_jobs.inputs import Feed
+from kompile.compile_jobs.run_results import RunResults, compare
+
+
+@dataclass
+class BatchCheck:
+    """The reference at other batch sizes, computed once per size for every artifact of the run."""
+
+    signature: Sequence[InputSpec]
+    reference: RunResults
+    module: Any
+    """The eager source module; None for an ONNX source, whose reference is `reference_runner`."""
+    reference_runner: Runner | None
+    task: TaskKind = "auto"
+    _at: dict[int, tuple[Feed, RunResults]] = field(default_factory=dict)
+
+    @property
+    def checked_batch(self) -> int | None:
+        """The batch the reference inputs are at (validation checked it); None without a batch dim."""
+        name, feeds = batch_dim(self.signature), self.reference.inputs
+        if name is None or not feeds:
+            return None
+        return int(np.asarray(feeds[0][self.signature[0].name]).shape[0])
+
+    def needs(self, batch: int) -> bool:
+        checked = self.checked_batch
+        return checked is not None and batch != checked
+
+    def feed(self, batch: int) -> Feed:
+        """The reference inputs stacked along the batch axis and cycled to `batch` rows; an input
+        without the batch dim is the first sample's, as every sample has it."""
+        name = batch_dim(self.signature)
+        feeds = self.reference.inputs
+        out: Feed = {}
+        for spec in self.signature:
+            if any(d.axis == 0 and d.name == name for d in spec.dynamic_dims or []):
+                rows = np.concatenate([np.asarray(f[spec.name]) for f in feeds], axis=0)
+                out[spec.name] = np.ascontiguousarray(np.resize(rows, (batch, *rows.shape[1:])))
+            else:
+                out[spec.name] = feeds[0][spec.name]
+        return out
+
+    def failures(self, batch: int, runner: Runner, thresholds: Thresholds) -> list[str]:
+        """What the artifact's outputs at `batch` miss, each prefixed with the batch; [] when they
+        pass. The artifact's own errors (it refuses the batch) propagate to the caller."""
+        feed, reference = self._reference_at(batch)
+        candidate = reference.with_outputs("artifact", [list(runner.run(feed))])
+        verdict = compare(reference, candidate, thresholds, self.task)
+        return [f"at batch {batch}: {f}" for f in verdict.failures]
+
+    def _reference_at(self, batch: int) -> tuple[Feed, RunResults]:
+        if batch not in self._at:
+            feed = self.feed(batch)
+            if self.module is not None:
+                outputs = [list(o) for o in export.eager_outputs(self.module, [feed], self.signature)]
+            else:
+                assert self.reference_runner is not None  # an ONNX source's reference runs it
+                outputs = [list(self.reference_runner.run(feed))]
+            names = self.reference.output_names
+            self._at[batch] = feed, RunResults(self.reference.label, names, outputs, [feed])
+        return self._at[batch]
+
+
+def fail_at_batch(status: TargetStatus, failures: list[str]) -> None:
+    """An artifact that validated at the reference batch and misses at another: failed, like one
+    that missed at the first, and without figures (it is never selected nor served)."""
+    v = status.validation
+    if v is not None:
+        v.passed = False
+        v.failures.extend(failures)
+    status.phase, status.reason = "Failed", "ValidationFailed"
+    status.message = "; ".join(v.failures if v is not None else failures)
+    status.latency, status.eager_latency, status.speedup, status.speedup_stable = [], [], None, None

@@ -1,0 +1,75 @@
+"""The inputs and the verdict at batch sizes other than the reference's (kompile.compile_jobs.batch_check).
+The runners here are stand-ins for an ONNX source's reference runner and an artifact's runner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kompile.api.spec import InputSpec
+from kompile.compile_jobs.batch_check import BatchCheck
+from kompile.compile_jobs.run_results import RunResults
+from kompile.compile_jobs.validate import default_thresholds
+
+SIGNATURE = [
+    InputSpec.model_validate(
+        {
+            "name": "x",
+            "shape": [-1, 3],
+            "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
+        }
+    ),
+    InputSpec.model_validate({"name": "scale", "shape": [3]}),
+]
+
+
+class Doubles:
+    """Stand-in runner: twice its input, scaled; `wrong_after_row` rows on are zeroed."""
+
+    def __init__(self, wrong_after_row: int | None = None) -> None:
+        self.wrong_after_row, self.calls = wrong_after_row, 0
+
+    def run(self, feed: dict[str, Any]) -> list[np.ndarray[Any, Any]]:
+        self.calls += 1
+        out = 2 * feed["x"] * feed["scale"]
+        if self.wrong_after_row is not None:
+            out[self.wrong_after_row :] = 0
+        return [out]
+
+
+def _check(samples: int = 3) -> tuple[BatchCheck, Doubles]:
+    feeds = [
+        {"x": np.full((1, 3), i + 1, np.float32), "scale": np.array([1, 2, 3], np.float32)}
+        for i in range(samples)
+    ]
+    source = Doubles()
+    reference = RunResults("onnx:m", ["y"], [source.run(f) for f in feeds], feeds)
+    source.calls = 0
+    return BatchCheck(SIGNATURE, reference, None, source), source  # type: ignore[arg-type]
+
+
+def test_the_feed_stacks_the_reference_samples_and_cycles_them() -> None:
+    check, _ = _check()
+    feed = check.feed(4)
+    assert feed["x"][:, 0].tolist() == [1, 2, 3, 1]  # samples 0, 1, 2, then 0 again
+    assert feed["scale"].tolist() == [1, 2, 3]  # no batch dim: as every sample has it
+    assert check.feed(2)["x"][:, 0].tolist() == [1, 2]
+
+
+def test_only_batches_other_than_the_references_need_a_check() -> None:
+    check, _ = _check()
+    assert check.checked_batch == 1
+    assert not check.needs(1) and check.needs(4)
+    fixed = [InputSpec.model_validate({"name": "x", "shape": [2, 3]})]
+    static = BatchCheck(fixed, check.reference, None, None)
+    assert static.checked_batch is None and not static.needs(4)
+
+
+def test_a_miss_at_a_batch_names_it_and_the_reference_is_computed_once() -> None:
+    check, source = _check()
+    thresholds = default_thresholds("fp32")
+    assert check.failures(4, Doubles(), thresholds) == []
+    failures = check.failures(4, Doubles(wrong_after_row=1), thresholds)
+    assert failures and all(f.startswith("at batch 4: ") for f in failures), failures
+    assert source.calls == 1  # the source ran once at batch 4, for both artifacts
