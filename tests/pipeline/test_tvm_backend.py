@@ -352,6 +352,16 @@ def test_what_tuning_measured_is_kept_when_the_build_after_it_fails(
 _TUNING_LONG = {"tuningTrials": "4000", "tuningMinutes": "10", "tuningTemplates": "none", "winograd": "off"}
 
 
+def _measured_below(scratch: Path, before: int) -> int:
+    """Schedules measured in the tuning databases under `scratch`; `before` when a folder the run
+    is removing went away mid-walk (its temporary folders come and go while it tunes)."""
+    try:
+        files = list(scratch.rglob("database_tuning_record.json"))
+        return sum(len(Database.read(f.parent).records) for f in files)
+    except FileNotFoundError:
+        return before
+
+
 def _stop_mid_tuning(
     command: list[str], env: dict[str, str], scratch: Path, log: Path
 ) -> tuple[int, float, int]:
@@ -368,8 +378,7 @@ def _stop_mid_tuning(
             measured = 0
             while measured < 2 and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(1)
-                files = scratch.rglob("database_tuning_record.json")
-                measured = sum(len(Database.read(f.parent).records) for f in files)
+                measured = _measured_below(scratch, measured)
             assert measured >= 2, log.read_text()[-3000:]
             proc.send_signal(signal.SIGTERM)
             stopped = time.monotonic()
