@@ -11,19 +11,18 @@ to data it was never meant to see), and generated ones keep their ranges and pad
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from kompile.api.spec import InputSpec, batch_dim
 from kompile.api.status import TargetStatus, Thresholds
 from kompile.api.vocabulary import TaskKind
-from kompile.compile_jobs import export
-from kompile.compile_jobs.backends.base import Runner
+from kompile.compile_jobs.backends.base import BackendError, Runner
 from kompile.compile_jobs.inputs import Feed
 from kompile.compile_jobs.run_results import RunResults, compare
+from kompile.compile_jobs.user_code import first_line
 
 
 @dataclass
@@ -32,9 +31,9 @@ class BatchCheck:
 
     signature: Sequence[InputSpec]
     reference: RunResults
-    module: Any
-    """The eager source module; None for an ONNX source, whose reference is `reference_runner`."""
-    reference_runner: Runner | None
+    reference_of: Callable[[list[Feed]], RunResults]
+    """The source model's outputs on some inputs, as the run's reference was computed
+    (kompile.compile_jobs.build.reference_results); its errors are the source's, not an artifact's."""
     task: TaskKind = "auto"
     _at: dict[int, tuple[Feed, RunResults]] = field(default_factory=dict)
 
@@ -66,22 +65,19 @@ class BatchCheck:
 
     def failures(self, batch: int, runner: Runner, thresholds: Thresholds) -> list[str]:
         """What the artifact's outputs at `batch` miss, each prefixed with the batch; [] when they
-        pass. The artifact's own errors (it refuses the batch) propagate to the caller."""
+        pass. An artifact that fails on these inputs misses; the source failing raises."""
         feed, reference = self._reference_at(batch)
-        candidate = reference.with_outputs("artifact", [list(runner.run(feed))])
-        verdict = compare(reference, candidate, thresholds, self.task)
+        try:
+            outputs = list(runner.run(feed))
+        except (BackendError, RuntimeError, ValueError) as err:  # it ran this batch a moment ago
+            return [f"at batch {batch}: failed on the reference inputs: {first_line(err)}"]
+        verdict = compare(reference, reference.with_outputs("artifact", [outputs]), thresholds, self.task)
         return [f"at batch {batch}: {f}" for f in verdict.failures]
 
     def _reference_at(self, batch: int) -> tuple[Feed, RunResults]:
         if batch not in self._at:
             feed = self.feed(batch)
-            if self.module is not None:
-                outputs = [list(o) for o in export.eager_outputs(self.module, [feed], self.signature)]
-            else:
-                assert self.reference_runner is not None  # an ONNX source's reference runs it
-                outputs = [list(self.reference_runner.run(feed))]
-            names = self.reference.output_names
-            self._at[batch] = feed, RunResults(self.reference.label, names, outputs, [feed])
+            self._at[batch] = feed, self.reference_of([feed])
         return self._at[batch]
 
 

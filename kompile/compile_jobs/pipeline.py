@@ -173,7 +173,14 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         reference_runner=reference_runner,
     )
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
-    check = BatchCheck(spec.inputs, reference, loaded.module, reference_runner, spec.validation.task)
+    check = BatchCheck(
+        spec.inputs,
+        reference,
+        lambda more: reference_results(
+            more, spec.inputs, loaded.module, onnx_path, label=loaded.label, runner=reference_runner
+        ),
+        spec.validation.task,
+    )
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter, check)
     result = PipelineResult(status=status, lineage=loaded.lineage)
     for p in planned:

@@ -46,7 +46,11 @@ def _check(samples: int = 3) -> tuple[BatchCheck, Doubles]:
     source = Doubles()
     reference = RunResults("onnx:m", ["y"], [source.run(f) for f in feeds], feeds)
     source.calls = 0
-    return BatchCheck(SIGNATURE, reference, None, source), source  # type: ignore[arg-type]
+
+    def reference_of(inputs: list[dict[str, Any]]) -> RunResults:
+        return RunResults("onnx:m", ["y"], [source.run(f) for f in inputs], inputs)
+
+    return BatchCheck(SIGNATURE, reference, reference_of), source
 
 
 def test_the_feed_stacks_the_reference_samples_and_cycles_them() -> None:
@@ -62,7 +66,7 @@ def test_only_batches_other_than_the_references_need_a_check() -> None:
     assert check.checked_batch == 1
     assert not check.needs(1) and check.needs(4)
     fixed = [InputSpec.model_validate({"name": "x", "shape": [2, 3]})]
-    static = BatchCheck(fixed, check.reference, None, None)
+    static = BatchCheck(fixed, check.reference, check.reference_of)
     assert static.checked_batch is None and not static.needs(4)
 
 
@@ -73,3 +77,25 @@ def test_a_miss_at_a_batch_names_it_and_the_reference_is_computed_once() -> None
     failures = check.failures(4, Doubles(wrong_after_row=1), thresholds)
     assert failures and all(f.startswith("at batch 4: ") for f in failures), failures
     assert source.calls == 1  # the source ran once at batch 4, for both artifacts
+
+
+class Refuses:
+    """Stand-in runner that fails on any input."""
+
+    def run(self, feed: dict[str, Any]) -> list[np.ndarray[Any, Any]]:
+        raise RuntimeError("shape [4, 3] not supported\nmore detail")
+
+
+def test_an_artifact_failing_at_a_batch_misses_and_the_source_failing_raises() -> None:
+    import pytest
+
+    check, _ = _check()
+    (failure,) = check.failures(4, Refuses(), default_thresholds("fp32"))
+    assert failure == "at batch 4: failed on the reference inputs: shape [4, 3] not supported"
+
+    def source_refuses(inputs: list[dict[str, Any]]) -> RunResults:
+        raise ValueError("the source model failed on inputs shaped [4, 3]")
+
+    broken = BatchCheck(SIGNATURE, check.reference, source_refuses)
+    with pytest.raises(ValueError, match="the source model failed"):  # the source's, not the artifact's
+        broken.failures(4, Doubles(), default_thresholds("fp32"))
