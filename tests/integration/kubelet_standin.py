@@ -2,7 +2,8 @@
 
 It registers a Node, keeps its Ready heartbeat fresh, and runs each pod the real scheduler binds to
 it as a local process: the container's command with the container's env (envFrom Secrets resolved),
-an emptyDir stand-in as /scratch, the termination message read back from the file the command
+an emptyDir stand-in as /scratch (PyTorch Inductor's kernel cache shared by the node's pods, to save the
+suite cold compiles), the termination message read back from the file the command
 writes (FallbackToLogsOnError honoured), and the container's memory limit held as a cgroup holds it
 (the process tree killed past it, reported OOMKilled). Pod status goes through the real API server,
 so the real Job controller sees the outcome. Everything above the container runtime is real.
@@ -189,7 +190,15 @@ class KubeletStandIn:
         shutil.rmtree(self.work_dir / key, ignore_errors=True)
 
     def _env(self, namespace: str, container: Any, scratch: Path) -> dict[str, str]:
-        env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+        env = {
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            # The test run's PyTorch Inductor kernel cache (tests/conftest.py), shared by the stand-in's
+            # pods as by the pipeline tests: a real pod compiles in its own emptyDir, cold (about 20 s
+            # more for the small CNN's AOTInductor candidate on 2 cores), which no test here is about.
+            # A pod's own env wins.
+            "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            or str(self.work_dir / "inductor-cache"),
+        }
         for src in container.env_from or []:
             if src.secret_ref is not None:
                 secret = self.core.read_namespaced_secret(src.secret_ref.name, namespace)
