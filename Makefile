@@ -6,16 +6,16 @@ EXAMPLE ?= examples/resnet50.yaml
 SEED ?= $(shell date +%s)
 
 # Backends' own environments (requirements/env-*.txt; cached under ~/.cache/kompile by the hash of
-# each file): litert's and xla's first builds take about 5 minutes and 6.5 GB each (a second torch);
-# tvm's about 30 seconds and 450 MB, iree's about a minute and 600 MB (no torch).
+# each file): litert's and xla's first builds take 2-5 minutes and 6.5 GB each (a second torch);
+# tvm's and iree's about 30 seconds and 450-600 MB (no torch).
 ENVS ?= litert iree tvm xla
 
-.PHONY: demo test lint unit envs control-plane dev-cluster crds mlflow-ui
+.PHONY: demo test setup lint unit envs control-plane dev-cluster crds mlflow-ui
 
 demo:
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && $$v/bin/kompile run $(EXAMPLE)
 
-test: envs
+test: setup
 	@v=$$(scripts/setup-venv.sh | tail -n 1) && \
 	  export KOMPILE_K8S_BIN=$$(scripts/build-control-plane.sh | tail -n 1) && \
 	  export KOMPILE_S3_BIN=$$(scripts/build-s3-server.sh | tail -n 1) && \
@@ -25,6 +25,11 @@ test: envs
 	  $$v/bin/lint-imports && \
 	  echo "test order: pytest-randomly seed $(SEED) (again: make test SEED=$(SEED))" && \
 	  $$v/bin/python -m pytest -q --randomly-seed=$(SEED) $(PYTEST_ARGS)
+
+# Everything `make test` needs (venv, backend environments, control plane, S3 server, test tools),
+# built in three concurrent lanes (scripts/setup-all.sh); cached, so a warm run returns at once.
+setup:
+	@scripts/setup-all.sh $(ENVS)
 
 envs:
 	@for e in $(ENVS); do scripts/setup-backend-env.sh $$e >/dev/null || exit 1; done
