@@ -1,7 +1,8 @@
 """This machine's hardware class, and which targets it can serve.
 
 A class name is what the artifact depends on: architecture and the widest vector ISA for CPUs
-(ONNX Runtime's saved layouts and int8 kernels differ by ISA), product and compute capability for
+(ONNX Runtime's saved layouts and int8 kernels differ by ISA; AMX and AVX-512 BF16 compute bf16 and
+int8 natively where plain VNNI emulates bf16), product and compute capability for
 GPUs. The operator derives the same names from node labels.
 """
 
@@ -17,6 +18,12 @@ _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm6
 def cpu_isa(flags: set[str], arch: str) -> str:
     """The widest vector ISA that changes which kernels run."""
     if arch == "amd64":
+        # AMX and AVX-512 BF16 first: bf16 (and AMX int8) run natively there and emulated on plain
+        # VNNI, so a winner measured on one is not the winner, or not native code, on the other.
+        if "amx_int8" in flags:
+            return "amx"
+        if "avx512_bf16" in flags:
+            return "avx512bf16"
         if "avx512_vnni" in flags or "avx512vnni" in flags:
             return "avx512vnni"
         if "avx512f" in flags:

@@ -45,7 +45,7 @@ def _safe(part: str) -> str:
 
 def relpath(hw_class: str, tvm_version: str, target: str) -> str:
     """`<class>/tvm-<version>/<target>`, e.g.
-    cpu-amd64-avx512vnni/tvm-0.27.0.post1/llvm--mcpu=cooperlake--num-cores=2."""
+    cpu-amd64-avx512bf16/tvm-0.27.0.post1/llvm--mcpu=cooperlake--num-cores=2."""
     return f"{_safe(hw_class)}/tvm-{_safe(tvm_version)}/{_safe(target)}"
 
 

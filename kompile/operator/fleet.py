@@ -22,6 +22,8 @@ GPU_COUNT = "nvidia.com/gpu.count"
 GPU_RESOURCE = "nvidia.com/gpu"
 # node-feature-discovery's CPUID labels, widest first: the first one a node has names its ISA.
 NFD_ISA = [
+    ("feature.node.kubernetes.io/cpu-cpuid.AMXINT8", "amx"),
+    ("feature.node.kubernetes.io/cpu-cpuid.AVX512BF16", "avx512bf16"),
     ("feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI", "avx512vnni"),
     ("feature.node.kubernetes.io/cpu-cpuid.AVX512F", "avx512"),
     ("feature.node.kubernetes.io/cpu-cpuid.AVXVNNI", "avxvnni"),

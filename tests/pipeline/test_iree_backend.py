@@ -175,12 +175,25 @@ def test_kompile_run_validates_and_times_an_iree_target(kompile_run: Any, write_
     run_static_target(kompile_run, write_manifest, "iree", "fp32")
 
 
+def test_every_isa_a_class_can_have_names_an_llvm_cpu() -> None:
+    """A class the fleet or this machine can be (kompile.operator.fleet.NFD_ISA, hardware.cpu_isa)
+    must not fail its iree target for want of a table entry."""
+    from kompile.operator.fleet import NFD_ISA
+
+    for isa in {value for _, value in NFD_ISA} | {"sse", "neon"}:
+        assert target_flags(isa, "class")[0].startswith("--iree-llvmcpu-target-cpu="), isa
+
+
 def test_flags_come_from_the_class_isa_and_refuse_file_flags() -> None:
     assert target_flags("avx512vnni", "class") == [
         "--iree-llvmcpu-target-cpu=x86-64-v4",
         "--iree-llvmcpu-target-cpu-features=+avx512vnni",
     ]
     assert target_flags("avx2", "class") == ["--iree-llvmcpu-target-cpu=x86-64-v3"]
+    assert target_flags("amx", "class") == [
+        "--iree-llvmcpu-target-cpu=x86-64-v4",
+        "--iree-llvmcpu-target-cpu-features=+avx512vnni,+avx512bf16",
+    ]
     assert target_flags("neon", "host") == ["--iree-llvmcpu-target-cpu=host"]
     with pytest.raises(BackendError, match="no LLVM CPU for ISA 'riscv'; set option targetCpu host"):
         target_flags("riscv", "class")

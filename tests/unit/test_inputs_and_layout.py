@@ -230,6 +230,18 @@ def test_cpu_isa() -> None:
     assert cpu_isa({"asimddp"}, "arm64") == "dotprod"
 
 
+def test_cpus_with_native_bf16_or_amx_are_classes_of_their_own() -> None:
+    """A class is a set of interchangeable nodes: a bf16 or AMX int8 winner measured on Sapphire
+    Rapids would be emulated (slower than fp32) on an Ice Lake node, and a compiler targeting the
+    host (TVM: mcpu=cooperlake) may emit AVX-512 BF16 there, so neither joins plain VNNI."""
+    vnni = {"avx2", "avx512f", "avx512_vnni"}
+    zen4 = vnni | {"avx512_bf16"}
+    sapphire_rapids = zen4 | {"amx_tile", "amx_int8", "amx_bf16"}
+    assert cpu_isa(vnni, "amd64") == "avx512vnni"
+    assert cpu_isa(zen4, "amd64") == "avx512bf16"
+    assert cpu_isa(sapphire_rapids, "amd64") == "amx"
+
+
 def test_an_image_bounded_below_the_guess_keeps_its_own_range() -> None:
     """The image guess starts at 32: a model exported for images up to 16 wide keeps [2, 16]."""
     from kompile.compile_jobs.signature import Dim, Input, input_specs
