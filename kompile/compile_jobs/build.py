@@ -32,7 +32,9 @@ from kompile.compile_jobs.backends.base import (
     Runner,
     get_backend,
 )
+from kompile.compile_jobs.batch_check import fail_at_batch
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
+from kompile.compile_jobs.dims_check import DimsCheck
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16, local_cuda_class
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.residency import Residency, UnloadedRunner
@@ -73,6 +75,8 @@ class BuildContext:
     """When the compile Job's deadline ends (None: a local run, or no deadline told)."""
     reference_runner: Runner | None = None
     """What runs an ONNX source as given (eager for a PyTorch source is ctx.loaded.module)."""
+    dims: DimsCheck | None = None
+    """The reference at shorter sizes of the non-batch dynamic dims (None: not held there)."""
 
     def build_dir(self, label: str) -> Path:
         return self.work_dir / "build" / label
@@ -376,6 +380,8 @@ def build_target(
         return None
     compare_step(ctx, target, ts, outputs)
     static = artifact.options.get("exportedStatic")
+    if not static and ts.phase == "Succeeded":
+        dims_step(ctx, runner, target, ts, label)
     if static and ts.phase == "Succeeded":  # status says a dynamic signature was fixed
         ts.message = f"exported at static shapes {static} (the signature's opt): it runs only at these"
     ts.validation_seconds = round(time.perf_counter() - started, 3)
@@ -570,6 +576,19 @@ def compare_step(ctx: BuildContext, target: Target, ts: TargetStatus, outputs: R
     else:
         ts.phase, ts.reason = "Failed", "ValidationFailed"
         ts.message = "; ".join(ts.validation.failures)
+
+
+def dims_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatus, label: str) -> None:
+    """Hold a validated artifact to the source at shorter sizes of its dynamic dims besides the batch
+    (kompile.compile_jobs.dims_check): a miss fails it as a miss at the reference sizes would."""
+    if ctx.dims is None:
+        return
+    failures = ctx.dims.failures(runner, thresholds_of(ctx.cm, target))
+    if ctx.dims.skipped:
+        ctx.reporter.stage(label, ctx.dims.skipped)
+    if failures:
+        fail_at_batch(ts, failures)
+        ctx.reporter.stage(label, f"failed validation {'; '.join(failures)}")
 
 
 def package_step(

@@ -31,6 +31,7 @@ from kompile.compile_jobs.backends.base import Runner
 from kompile.compile_jobs.batch_check import BatchCheck
 from kompile.compile_jobs.build import BuildContext, plan_target, reference_results, thresholds_of
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
+from kompile.compile_jobs.dims_check import DimsCheck
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
 from kompile.compile_jobs.residency import Residency, memory_limit, weights_bytes
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
@@ -172,15 +173,15 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         deadline=opts.deadline,
         reference_runner=reference_runner,
     )
-    planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
-    check = BatchCheck(
-        spec.inputs,
-        reference,
-        lambda more: reference_results(
+
+    def source_on(more: list[inputs.Feed]) -> RunResults:
+        return reference_results(
             more, spec.inputs, loaded.module, onnx_path, label=loaded.label, runner=reference_runner
-        ),
-        spec.validation.task,
-    )
+        )
+
+    ctx.dims = DimsCheck(spec.inputs, reference, source_on, spec.validation.task)
+    planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
+    check = BatchCheck(spec.inputs, reference, source_on, spec.validation.task)
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter, check)
     result = PipelineResult(status=status, lineage=loaded.lineage)
     for p in planned:

@@ -1,0 +1,105 @@
+"""Validation at another size of each dynamic dim besides the batch (a sequence, an image's height):
+the reference inputs sit at every dim's opt, and an artifact that declares the range [min, max] is
+served every size in it. A trace bakes in installed code's shape arithmetic (export.py lets those
+tracer warnings pass) and a compiler can get one shape wrong: right at opt and wrong at the lengths
+a server sends, an artifact would pass the gate and be rolled out.
+
+One more size is checked per dim, half its opt (never below its min): most sizes a constant or a
+branch was baked at differ from it as they differ from opt, and a shorter feed costs less than the
+validation itself. The inputs are the reference inputs cut to that size along the dim's axes: a
+dataset's real samples stay real (a sentence's first tokens, an image's corner) and a right-padded
+mask keeps its leading tokens, so no row is left with nothing to attend to. The batch is held by
+kompile.compile_jobs.batch_check; an artifact exported at static shapes (`exportedStatic`) runs
+only those and says so, so it is not held here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kompile.api.spec import InputSpec, batch_dim
+from kompile.api.status import Thresholds
+from kompile.api.vocabulary import TaskKind
+from kompile.compile_jobs.backends.base import BackendError, Runner
+from kompile.compile_jobs.export import ExportError
+from kompile.compile_jobs.inputs import Feed, InputMismatch
+from kompile.compile_jobs.run_results import RunResults, compare
+from kompile.compile_jobs.user_code import first_line
+
+
+def shorter_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
+    """Each non-batch dynamic dim's size to check: half the size the reference inputs hold (their
+    opt), not below the dim's min; a dim with no room below is left out."""
+    batch = batch_dim(signature)
+    sizes: dict[str, int] = {}
+    for spec in signature:
+        for d in spec.dynamic_dims or []:
+            if d.name == batch or d.name in sizes or spec.name not in feed:
+                continue
+            held = int(np.asarray(feed[spec.name]).shape[d.axis])
+            size = max(d.min, held // 2)
+            if size < held:
+                sizes[d.name] = size
+    return sizes
+
+
+def cut(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
+    """The feed's leading `sizes[name]` entries along each axis of a dim named in `sizes`."""
+    out: Feed = {}
+    for spec in signature:
+        arr = np.asarray(feed[spec.name])
+        index = [slice(None)] * arr.ndim
+        for d in spec.dynamic_dims or []:
+            if d.name in sizes:
+                index[d.axis] = slice(0, sizes[d.name])
+        out[spec.name] = np.ascontiguousarray(arr[tuple(index)])
+    return out
+
+
+def describe(sizes: dict[str, int]) -> str:
+    """'seq 8' or 'height 112, width 112'."""
+    return ", ".join(f"{name} {size}" for name, size in sizes.items())
+
+
+@dataclass
+class DimsCheck:
+    """The reference at the shorter sizes, computed once for every artifact of the run."""
+
+    signature: Sequence[InputSpec]
+    reference: RunResults
+    reference_of: Callable[[list[Feed]], RunResults]
+    """The source model's outputs on some inputs (kompile.compile_jobs.build.reference_results)."""
+    task: TaskKind = "auto"
+    _at: tuple[dict[str, int], RunResults] | None = None
+    skipped: str | None = None
+    """Why nothing is checked although a dim has room: the source itself refused the shorter inputs."""
+
+    def _reference(self) -> tuple[dict[str, int], RunResults] | None:
+        if self._at is None and self.skipped is None:
+            feeds = self.reference.inputs
+            sizes = shorter_sizes(self.signature, feeds[0]) if feeds else {}
+            if not sizes:
+                return None
+            try:
+                self._at = sizes, self.reference_of([cut(f, self.signature, sizes) for f in feeds])
+            except (InputMismatch, ExportError) as err:  # the source's own range is narrower than declared
+                self.skipped = f"not checked at {describe(sizes)}: {first_line(err)}"
+        return self._at
+
+    def failures(self, runner: Runner, thresholds: Thresholds) -> list[str]:
+        """What the artifact's outputs at the shorter sizes miss, each prefixed with the sizes; []
+        when they pass or there is nothing to check."""
+        at = self._reference()
+        if at is None:
+            return []
+        sizes, reference = at
+        where = describe(sizes)
+        try:
+            outputs = [list(runner.run(feed)) for feed in reference.inputs]
+        except (BackendError, RuntimeError, ValueError) as err:
+            return [f"at {where}: failed on the reference inputs cut to that size: {first_line(err)}"]
+        verdict = compare(reference, reference.with_outputs("artifact", outputs), thresholds, self.task)
+        return [f"at {where}: {f}" for f in verdict.failures]

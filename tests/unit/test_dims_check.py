@@ -1,0 +1,124 @@
+"""The inputs and the verdict at shorter sizes of the non-batch dynamic dims
+(kompile.compile_jobs.dims_check). The runners here are stand-ins for the source's reference runner
+and an artifact's runner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kompile.api.spec import InputSpec
+from kompile.compile_jobs.dims_check import DimsCheck, cut, shorter_sizes
+from kompile.compile_jobs.export import ExportError
+from kompile.compile_jobs.inputs import InputMismatch
+from kompile.compile_jobs.run_results import RunResults
+from kompile.compile_jobs.validate import default_thresholds
+
+BATCH = {"axis": 0, "name": "batch", "min": 1, "opt": 2, "max": 8}
+SIGNATURE = [
+    InputSpec.model_validate(
+        {
+            "name": "ids",
+            "dtype": "int64",
+            "shape": [-1, -1],
+            "dynamicDims": [BATCH, {"axis": 1, "name": "seq", "min": 3, "opt": 16, "max": 64}],
+        }
+    ),
+    InputSpec.model_validate(
+        {
+            "name": "attention_mask",
+            "dtype": "int64",
+            "shape": [-1, -1],
+            "dynamicDims": [BATCH, {"axis": 1, "name": "seq", "min": 3, "opt": 16, "max": 64}],
+        }
+    ),
+]
+
+
+def _feed(i: int) -> dict[str, Any]:
+    mask = np.ones((2, 16), np.int64)
+    mask[1, 10:] = 0  # right-padded, as a tokenizer pads
+    return {"ids": np.arange(32, dtype=np.int64).reshape(2, 16) + i, "attention_mask": mask}
+
+
+class Sums:
+    """Stand-in runner: each row's sum of its unmasked ids; `wrong_below` lengths give zeros."""
+
+    def __init__(self, wrong_below: int | None = None) -> None:
+        self.wrong_below, self.calls = wrong_below, 0
+
+    def run(self, feed: dict[str, Any]) -> list[np.ndarray[Any, Any]]:
+        self.calls += 1
+        out = (feed["ids"] * feed["attention_mask"]).sum(1, keepdims=True).astype(np.float32)
+        if self.wrong_below is not None and feed["ids"].shape[1] < self.wrong_below:
+            out = -out
+        return [out]
+
+
+def _check() -> tuple[DimsCheck, Sums]:
+    feeds = [_feed(i) for i in range(3)]
+    source = Sums()
+    reference = RunResults("eager:m", ["y"], [source.run(f) for f in feeds], feeds)
+    source.calls = 0
+
+    def reference_of(inputs: list[dict[str, Any]]) -> RunResults:
+        return RunResults("eager:m", ["y"], [source.run(f) for f in inputs], inputs)
+
+    return DimsCheck(SIGNATURE, reference, reference_of), source
+
+
+def test_each_non_batch_dim_is_checked_at_half_its_opt_but_not_below_its_min() -> None:
+    assert shorter_sizes(SIGNATURE, _feed(0)) == {"seq": 8}  # the batch is batch_check's
+    short = {"ids": np.zeros((1, 4), np.int64), "attention_mask": np.ones((1, 4), np.int64)}
+    assert shorter_sizes(SIGNATURE, short) == {"seq": 3}
+    at_min = {"ids": np.zeros((1, 3), np.int64), "attention_mask": np.ones((1, 3), np.int64)}
+    assert shorter_sizes(SIGNATURE, at_min) == {}  # no room below: nothing to check
+
+
+def test_the_cut_keeps_the_leading_tokens_of_every_input_sharing_the_dim() -> None:
+    feed = _feed(0)
+    short = cut(feed, SIGNATURE, {"seq": 8})
+    assert short["ids"].shape == (2, 8) and short["attention_mask"].shape == (2, 8)
+    np.testing.assert_array_equal(short["ids"], feed["ids"][:, :8])
+    assert short["attention_mask"].sum(1).min() > 0  # a right-padded row keeps tokens to attend to
+
+
+def test_a_miss_names_the_sizes_and_the_reference_is_computed_once() -> None:
+    check, source = _check()
+    thresholds = default_thresholds("fp32")
+    assert check.failures(Sums(), thresholds) == []
+    failures = check.failures(Sums(wrong_below=16), thresholds)
+    assert failures and all(f.startswith("at seq 8: ") for f in failures), failures
+    assert source.calls == 3  # the source ran once per sample at seq 8, for both artifacts
+
+
+class Refuses:
+    """Stand-in runner that fails on any input."""
+
+    def run(self, feed: dict[str, Any]) -> list[np.ndarray[Any, Any]]:
+        raise RuntimeError("the input 'ids' got [2, 8], expected [2, 16]\nmore detail")
+
+
+def test_an_artifact_failing_there_misses_and_a_source_failing_there_skips_the_check() -> None:
+    check, _ = _check()
+    (failure,) = check.failures(Refuses(), default_thresholds("fp32"))
+    assert failure == (
+        "at seq 8: failed on the reference inputs cut to that size: "
+        "the input 'ids' got [2, 8], expected [2, 16]"
+    )
+
+    def source_refuses(inputs: list[dict[str, Any]]) -> RunResults:
+        raise InputMismatch("the source model m failed on inputs shaped [2, 8]")
+
+    narrow = DimsCheck(SIGNATURE, check.reference, source_refuses)
+    assert narrow.failures(Refuses(), default_thresholds("fp32")) == []  # nothing to hold it to
+    assert narrow.skipped == "not checked at seq 8: the source model m failed on inputs shaped [2, 8]"
+
+    def eager_refuses(inputs: list[dict[str, Any]]) -> RunResults:
+        raise ExportError("M failed on inputs shaped {'ids': [2, 8]}: kernel size can't be greater")
+
+    assert (
+        DimsCheck(SIGNATURE, check.reference, eager_refuses).failures(Sums(), default_thresholds("fp32"))
+        == []
+    )
