@@ -128,6 +128,13 @@ class ValidationResult(ApiModel):
     outputs: list[OutputCheck] = Field(default_factory=list, description="Figures per output.")
     thresholds: Thresholds = Field(description="Thresholds the figures were held to.")
     failures: list[str] = Field(default_factory=list, description="Which thresholds were missed.")
+    checked_at: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Sizes besides the reference inputs' where the outputs were held to the same thresholds "
+            "and met them: another benchmark batch ('batch 4'), half a dynamic dim's opt ('sequence 16')."
+        ),
+    )
     task_accuracy: TaskAccuracy | None = Field(
         default=None, description="Accuracy against the labels, when the reference data has them."
     )

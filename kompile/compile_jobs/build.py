@@ -589,6 +589,8 @@ def dims_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatu
     if failures:
         fail_at_batch(ts, failures)
         ctx.reporter.stage(label, f"failed validation {'; '.join(failures)}")
+    elif ctx.dims.checked and ts.validation is not None:
+        ts.validation.checked_at.append(ctx.dims.checked)
 
 
 def package_step(

@@ -89,6 +89,11 @@ class DimsCheck:
                 self.skipped = f"not checked at {describe(sizes)}: {first_line(err)}"
         return self._at
 
+    @property
+    def checked(self) -> str | None:
+        """The sizes held ('sequence 16'), once the reference there is computed; None: none."""
+        return describe(self._at[0]) if self._at is not None else None
+
     def failures(self, runner: Runner, thresholds: Thresholds) -> list[str]:
         """What the artifact's outputs at the shorter sizes miss, each prefixed with the sizes; []
         when they pass or there is nothing to check."""

@@ -185,6 +185,8 @@ def _holds_at(
         return True
     failures = check.failures(batch, runner, t.thresholds)
     if not failures:
+        if t.status.validation is not None:
+            t.status.validation.checked_at.append(f"batch {batch}")
         return True
     fail_at_batch(t.status, failures)
     reporter.stage(t.label, f"failed validation at batch {batch}, not timed: {'; '.join(failures)}")

@@ -77,8 +77,12 @@ def test_an_artifact_wrong_at_another_sequence_length_fails_validation(kompile_r
 
 
 def test_a_range_that_never_leaves_the_traced_branch_passes(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Every length from 14 to 32 takes the branch the trace took: the artifact is right there."""
-    res = kompile_run(_manifest(tmp_path, {"min": 14, "opt": 16, "max": 32}), "--no-register")
+    """Every length from 14 to 32 takes the branch the trace took: the artifact is right there, and
+    its status says where it was held besides the reference inputs."""
+    benchmark = {"batchSizes": [1, 2], "warmup": 1, "iterations": 3}
+    manifest = _manifest(tmp_path, {"min": 14, "opt": 16, "max": 32}, benchmark=benchmark)
+    res = kompile_run(manifest, "--no-register")
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
+    assert t["validation"]["checkedAt"] == ["seq 14", "batch 2"]  # half of 16 is below the min

@@ -90,6 +90,7 @@ def test_a_miss_names_the_sizes_and_the_reference_is_computed_once() -> None:
     assert check.failures(Sums(), thresholds) == []
     failures = check.failures(Sums(wrong_below=16), thresholds)
     assert failures and all(f.startswith("at seq 8: ") for f in failures), failures
+    assert check.checked == "seq 8"
     assert source.calls == 3  # the source ran once per sample at seq 8, for both artifacts
 
 
