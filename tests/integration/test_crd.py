@@ -220,6 +220,7 @@ def _full_status() -> CompiledModelStatus:
             max_accuracy_drop=1.0,
         ),
         failures=["maxRelError 0.003 above 0.001 (reported, not gating)"],
+        checked_at=["sequence 16", "batch 4"],
         task_accuracy=TaskAccuracy(output="logits", labelled=360, reference=97.2, accuracy=96.9, drop=0.3),
     )
     target = TargetStatus(
