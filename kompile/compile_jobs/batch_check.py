@@ -81,9 +81,10 @@ class BatchCheck:
         return self._at[batch]
 
 
-def fail_at_batch(status: TargetStatus, failures: list[str]) -> None:
-    """An artifact that validated at the reference batch and misses at another: failed, like one
-    that missed at the first, and without figures (it is never selected nor served)."""
+def fail_at_other_sizes(status: TargetStatus, failures: list[str]) -> None:
+    """An artifact that validated at the reference inputs' sizes and misses at another batch or a
+    shorter dynamic dim (kompile.compile_jobs.dims_check): failed, like one that missed at the
+    first, and without figures (it is never selected nor served)."""
     v = status.validation
     if v is not None:
         v.passed = False

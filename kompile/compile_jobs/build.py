@@ -32,7 +32,7 @@ from kompile.compile_jobs.backends.base import (
     Runner,
     get_backend,
 )
-from kompile.compile_jobs.batch_check import fail_at_batch
+from kompile.compile_jobs.batch_check import fail_at_other_sizes
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.dims_check import DimsCheck
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16, local_cuda_class
@@ -380,10 +380,10 @@ def build_target(
         return None
     compare_step(ctx, target, ts, outputs)
     static = artifact.options.get("exportedStatic")
-    if not static and ts.phase == "Succeeded":
-        dims_step(ctx, runner, target, ts, label)
     if static and ts.phase == "Succeeded":  # status says a dynamic signature was fixed
         ts.message = f"exported at static shapes {static} (the signature's opt): it runs only at these"
+    elif ts.phase == "Succeeded":
+        dims_step(ctx, runner, target, ts, label)
     ts.validation_seconds = round(time.perf_counter() - started, 3)
     repo_root = package_step(ctx, target, ts, artifact, outputs, repo_name, device)
     ctx.packaged.append(ctx.build_dir(label))
@@ -587,7 +587,7 @@ def dims_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatu
     if ctx.dims.skipped:
         ctx.reporter.stage(label, ctx.dims.skipped)
     if failures:
-        fail_at_batch(ts, failures)
+        fail_at_other_sizes(ts, failures)
         ctx.reporter.stage(label, f"failed validation {'; '.join(failures)}")
     elif ctx.dims.checked and ts.validation is not None:
         ts.validation.checked_at.append(ctx.dims.checked)

@@ -14,7 +14,7 @@ from kompile.api.status import Baseline, LatencyStats, TargetStatus, Thresholds
 from kompile.compile_jobs import benchmark as bench
 from kompile.compile_jobs import export, inputs, sources
 from kompile.compile_jobs.backends.base import BackendError, Runner
-from kompile.compile_jobs.batch_check import BatchCheck, fail_at_batch
+from kompile.compile_jobs.batch_check import BatchCheck, fail_at_other_sizes
 from kompile.compile_jobs.residency import UnloadedRunner
 from kompile.compile_jobs.user_code import first_line
 
@@ -188,7 +188,7 @@ def _holds_at(
         if t.status.validation is not None:
             t.status.validation.checked_at.append(f"batch {batch}")
         return True
-    fail_at_batch(t.status, failures)
+    fail_at_other_sizes(t.status, failures)
     reporter.stage(t.label, f"failed validation at batch {batch}, not timed: {'; '.join(failures)}")
     return False
 

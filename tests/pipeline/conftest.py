@@ -97,6 +97,15 @@ def small_cnn_doc(**spec: Any) -> dict[str, Any]:
     return doc
 
 
+def installed_module(tmp_path: Path, name: str, code: str) -> Path:
+    """`code` as the module `name` in a site-packages folder (returned): installed code, whose
+    tracer warnings the export lets pass."""
+    folder = tmp_path / "site-packages"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(code)
+    return folder
+
+
 def torchscript_onnx(
     model: Any, feed: dict[str, Any], path: Path, dynamic: dict[str, dict[int, str]], output: str
 ) -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.pipeline.conftest import small_cnn_doc
+from tests.pipeline.conftest import installed_module, small_cnn_doc
 
 # A library step that centres a batch and skips it for a single sample: traced at batch 1, the
 # graph never centres, which is right at batch 1 and wrong at any other.
@@ -40,9 +40,7 @@ def model():
 
 def _manifest(tmp_path: Path, batch_sizes: list[int], **spec: Any) -> Path:
     """The model as installed code: the trace's warnings from a site-packages file are let pass."""
-    folder = tmp_path / "site-packages"
-    folder.mkdir(exist_ok=True)
-    (folder / "batchy.py").write_text(BATCHY)
+    folder = installed_module(tmp_path, "batchy", BATCHY)
     doc = small_cnn_doc(
         source={"uri": "python://batchy:model"},
         inputs=[

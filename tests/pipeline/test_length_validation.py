@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.pipeline.conftest import small_cnn_doc
+from tests.pipeline.conftest import installed_module, small_cnn_doc
 
 # A library step that flips long sequences' pooled features: traced at length 16, the graph flips
 # at every length, which is right at 16 and wrong at 8.
@@ -41,9 +41,7 @@ def model():
 
 def _manifest(tmp_path: Path, seq: dict[str, int], **spec: Any) -> Path:
     """The model as installed code: the trace's warnings from a site-packages file are let pass."""
-    folder = tmp_path / "site-packages"
-    folder.mkdir(exist_ok=True)
-    (folder / "lengthy.py").write_text(LENGTHY)
+    folder = installed_module(tmp_path, "lengthy", LENGTHY)
     doc = small_cnn_doc(
         source={"uri": "python://lengthy:model"},
         inputs=[
