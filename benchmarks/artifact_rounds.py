@@ -93,6 +93,15 @@ Artifact = tuple[str, Path, str, str]
 """name, path, kind (tvm | ort) and the interpreter that runs it."""
 
 
+def spread(values: list[float]) -> tuple[float, float]:
+    """p10 and p90 of the rounds' medians. Inclusive: the default (exclusive) method extrapolates
+    past the data when there are fewer rounds than deciles, down to a negative p10."""
+    if len(values) < 2:
+        return values[0], values[0]
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return deciles[0], deciles[-1]
+
+
 def measure(args: argparse.Namespace, artifacts: list[Artifact]) -> dict[str, Any]:
     from cpu_artifacts import isa
 
@@ -116,14 +125,14 @@ def measure(args: argparse.Namespace, artifacts: list[Artifact]) -> dict[str, An
     report: dict[str, Any] = {}
     for name, path, *_ in artifacts:
         values = medians[name]
-        deciles = statistics.quantiles(values, n=10) if len(values) > 1 else [values[0]] * 9
+        p10, p90 = spread(values)
         # Each round's ratio to the first artifact's in that round: a host's drift falls on both.
         paired = [v / ref for v, ref in zip(values, reference, strict=True)]
         report[name] = {
             "artifact": str(path),
             "p50_ms": round(statistics.median(values), 4),
-            "p10_ms": round(deciles[0], 4),
-            "p90_ms": round(deciles[-1], 4),
+            "p10_ms": round(p10, 4),
+            "p90_ms": round(p90, 4),
             "ratio_to_first": round(statistics.median(values) / first, 4),
             "paired_ratio_to_first": round(statistics.median(paired), 4),
             "rounds_faster_than_first": sum(1 for r in paired if r < 1),
