@@ -8,7 +8,9 @@ One more size is checked per dim, half its opt (never below its min): most sizes
 branch was baked at differ from it as they differ from opt, and a shorter feed costs less than the
 validation itself. The inputs are the reference inputs cut to that size along the dim's axes: a
 dataset's real samples stay real (a sentence's first tokens, an image's corner) and a right-padded
-mask keeps its leading tokens, so no row is left with nothing to attend to. The batch is held by
+mask keeps its leading tokens, so no row is left with nothing to attend to; a batch a tokenizer
+padded on the left (padding_side="left", as decoder models pad) keeps its last tokens instead. A
+source whose outputs are NaN or Inf at the cut all the same is not checked there. The batch is held by
 kompile.compile_jobs.batch_check; an artifact exported at static shapes (`exportedStatic`) runs
 only those and says so, so it is not held here.
 """
@@ -25,7 +27,7 @@ from kompile.api.status import Thresholds
 from kompile.api.vocabulary import TaskKind
 from kompile.compile_jobs.backends.base import BackendError, Runner
 from kompile.compile_jobs.export import ExportError
-from kompile.compile_jobs.inputs import Feed, InputMismatch
+from kompile.compile_jobs.inputs import PADDING_MASK_NAMES, Feed, InputMismatch
 from kompile.compile_jobs.run_results import RunResults, compare
 from kompile.compile_jobs.user_code import first_line
 
@@ -46,15 +48,34 @@ def shorter_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
     return sizes
 
 
+def _left_padded(feed: Feed, signature: Sequence[InputSpec]) -> set[str]:
+    """The dims along which the feed's 2-D padding mask is padded on the left: every row ends in a
+    token and some row starts with padding. A token is 1 (True) in an attention_mask, 0 in an
+    additive one (-inf or a large negative number marks the padding) and in a key_padding_mask."""
+    dims: set[str] = set()
+    for spec in signature:
+        arr = np.asarray(feed.get(spec.name))
+        if arr.ndim != 2 or arr.shape[1] < 2 or not spec.name.lower().endswith(PADDING_MASK_NAMES):
+            continue
+        additive = spec.name.lower().endswith("padding_mask") or bool((arr < 0).any())
+        tokens = arr == 0 if additive else arr != 0
+        if tokens[:, -1].all() and not tokens[:, 0].all():
+            dims.update(d.name for d in spec.dynamic_dims or [] if d.axis == 1)
+    return dims
+
+
 def cut(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
-    """The feed's leading `sizes[name]` entries along each axis of a dim named in `sizes`."""
+    """The feed's leading `sizes[name]` entries along each axis of a dim named in `sizes`; its last
+    ones along a dim its padding mask pads on the left, where a short row's tokens are."""
+    tail = _left_padded(feed, signature)
     out: Feed = {}
     for spec in signature:
         arr = np.asarray(feed[spec.name])
         index = [slice(None)] * arr.ndim
         for d in spec.dynamic_dims or []:
             if d.name in sizes:
-                index[d.axis] = slice(0, sizes[d.name])
+                n = sizes[d.name]
+                index[d.axis] = slice(arr.shape[d.axis] - n, None) if d.name in tail else slice(0, n)
         out[spec.name] = np.ascontiguousarray(arr[tuple(index)])
     return out
 
@@ -75,7 +96,8 @@ class DimsCheck:
     task: TaskKind = "auto"
     _at: tuple[dict[str, int], RunResults] | None = None
     skipped: str | None = None
-    """Why nothing is checked although a dim has room: the source itself refused the shorter inputs."""
+    """Why nothing is checked although a dim has room: the source itself refused the shorter inputs,
+    or its outputs on them are NaN or Inf."""
 
     def _reference(self) -> tuple[dict[str, int], RunResults] | None:
         if self._at is None and self.skipped is None:
@@ -84,9 +106,18 @@ class DimsCheck:
             if not sizes:
                 return None
             try:
-                self._at = sizes, self.reference_of([cut(f, self.signature, sizes) for f in feeds])
+                at = self.reference_of([cut(f, self.signature, sizes) for f in feeds])
             except (InputMismatch, ExportError) as err:  # the source's own range is narrower than declared
                 self.skipped = f"not checked at {describe(sizes)}: {first_line(err)}"
+                return None
+            if at.nonfinite():
+                # No artifact can match NaN (a masked mean over a row the cut left empty).
+                self.skipped = (
+                    f"not checked at {describe(sizes)}: the source model's outputs there are NaN or Inf "
+                    "(the reference inputs cut to that size)"
+                )
+                return None
+            self._at = sizes, at
         return self._at
 
     @property

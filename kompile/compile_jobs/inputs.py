@@ -37,13 +37,17 @@ def numpy_dtype(dtype: str) -> Any:
     return _NUMPY_DTYPES[dtype]
 
 
+PADDING_MASK_NAMES = ("attention_mask", "padding_mask")
+"""How a 2-D input that marks a sequence's padding is named (its name ends so)."""
+
+
 def _is_padding_mask(spec: InputSpec, shape: list[int]) -> bool:
     """A 2-D 0/1 input named as tokenizers and torch name a sequence's padding (attention_mask: 1 a
     token; key_padding_mask: True padding), one row per sequence. Left at the values declared it
     would be all ones, and the gate would never see an artifact that ignores the mask (a trace
     specialised on an all-ones example does). Other masks (torch's attn_mask, whose True means
     "attend" in one API and "do not" in another) keep their declared values."""
-    if len(shape) != 2 or not spec.name.lower().endswith(("attention_mask", "padding_mask")):
+    if len(shape) != 2 or not spec.name.lower().endswith(PADDING_MASK_NAMES):
         return False
     if spec.dtype == "bool":
         return True

@@ -274,7 +274,7 @@ def _reference_results(
     reference = reference_results(
         feeds, cm.spec.inputs, loaded.module, onnx_path, label=loaded.label, runner=runner
     )
-    bad = [i for i, outs in enumerate(reference.outputs) if not all(np.isfinite(o).all() for o in outs)]
+    bad = reference.nonfinite()
     if not bad:
         return reference
     # A NaN the dataset fed in is the dataset's to fix (a tabular model may take NaN as missing:

@@ -111,6 +111,10 @@ class RunResults:
             str(meta["label"]), names, outputs, [f for f in inputs if f], str(meta["inputsDigest"]), labels
         )
 
+    def nonfinite(self) -> list[int]:
+        """The samples some output of which holds NaN or Inf."""
+        return [i for i, outs in enumerate(self.outputs) if not all(np.isfinite(o).all() for o in outs)]
+
     def with_outputs(self, label: str, outputs: list[list[Array]]) -> RunResults:
         """Another runner's outputs on these same inputs."""
         return RunResults(label, list(self.output_names), outputs, digest=self.digest)

@@ -14,19 +14,22 @@ import yaml
 
 from tests.pipeline.conftest import installed_module, small_cnn_doc
 
-# A library step that flips long sequences' pooled features: traced at length 16, the graph flips
-# at every length, which is right at 16 and wrong at 8.
+# Pooled: a library step that flips long sequences' pooled features: traced at length 16, the graph
+# flips at every length, which is right at 16 and wrong at 8. MaskedMean: pooling over the mask, as
+# sentence-embedding models end: a row with no token left is 0/0.
 LENGTHY = """
 import torch
 
 
-class Pooled(torch.nn.Module):
+class Embedded(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.emb = torch.nn.Embedding(50, 8)
         self.fc = torch.nn.Linear(8, 4)
 
+
+class Pooled(Embedded):
     def forward(self, ids):
         h = self.emb(ids).mean(1)
         if ids.shape[1] > 12:
@@ -34,8 +37,18 @@ class Pooled(torch.nn.Module):
         return self.fc(h)
 
 
+class MaskedMean(Embedded):
+    def forward(self, input_ids, attention_mask):
+        m = attention_mask.unsqueeze(-1).float()
+        return self.fc((self.emb(input_ids) * m).sum(1) / m.sum(1))
+
+
 def model():
     return Pooled().eval()
+
+
+def masked_mean():
+    return MaskedMean().eval()
 """
 
 
@@ -84,3 +97,33 @@ def test_a_range_that_never_leaves_the_traced_branch_passes(kompile_run, tmp_pat
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
     assert t["validation"]["checkedAt"] == ["seq 14", "batch 2"]  # half of 16 is below the min
+
+
+def test_a_left_padded_dataset_is_cut_to_its_last_tokens(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Found by reading: the shorter size kept each row's first tokens, so a dataset a tokenizer
+    padded on the left (padding_side="left", as decoder models pad) lost every token of its short
+    rows; the source's pooled output was 0/0 there and every artifact failed 'NaN or Inf'."""
+    import numpy as np
+
+    folder = installed_module(tmp_path, "lengthy", LENGTHY)
+    lengths = [3, 5, 8, 16]
+    mask = np.array([[0] * (16 - n) + [1] * n for n in lengths], dtype=np.int64)
+    ids = np.random.default_rng(0).integers(1, 50, size=(4, 16)) * mask
+    np.savez(folder / "left.npz", input_ids=ids, attention_mask=mask)
+    seq = {"axis": 1, "name": "seq", "min": 4, "opt": 16, "max": 32}
+    batch = {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 4}
+    doc = small_cnn_doc(
+        source={"uri": "python://lengthy:masked_mean"},
+        inputs=[
+            {"name": name, "dtype": "int64", "shape": [-1, -1], "dynamicDims": [batch, seq]}
+            for name in ("input_ids", "attention_mask")
+        ],
+        validation={"dataset": "left.npz"},
+    )
+    path = folder / "m.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    res = kompile_run(path, "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    assert t["phase"] == "Succeeded", t.get("message")
+    assert t["validation"]["checkedAt"][0] == "seq 8", t["validation"]

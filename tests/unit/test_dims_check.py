@@ -123,3 +123,51 @@ def test_an_artifact_failing_there_misses_and_a_source_failing_there_skips_the_c
         DimsCheck(SIGNATURE, check.reference, eager_refuses).failures(Sums(), default_thresholds("fp32"))
         == []
     )
+
+
+def _masked(name: str, dtype: str, mask: np.ndarray[Any, Any]) -> tuple[list[InputSpec], dict[str, Any]]:
+    seq = {"axis": 1, "name": "seq", "min": 2, "opt": 6, "max": 8}
+    signature = [
+        InputSpec.model_validate({"name": n, "dtype": d, "shape": [-1, -1], "dynamicDims": [BATCH, seq]})
+        for n, d in (("ids", "int64"), (name, dtype))
+    ]
+    return signature, {"ids": np.arange(12, dtype=np.int64).reshape(2, 6), name: mask}
+
+
+def test_a_left_padded_batch_keeps_its_last_tokens_whatever_the_mask_marks() -> None:
+    ones = np.array([[0, 0, 0, 0, 1, 1], [0, 1, 1, 1, 1, 1]])
+    neg = np.finfo(np.float32).min
+    for name, dtype, mask in (
+        ("attention_mask", "int64", ones),
+        ("attention_mask", "bool", ones.astype(bool)),
+        ("attention_mask", "float32", np.where(ones == 1, 0.0, neg).astype(np.float32)),  # additive
+        ("src_key_padding_mask", "bool", ones == 0),  # True marks the padding
+    ):
+        signature, feed = _masked(name, dtype, mask)
+        short = cut(feed, signature, {"seq": 3})
+        np.testing.assert_array_equal(short["ids"], feed["ids"][:, 3:], err_msg=f"{name} {dtype}")
+        np.testing.assert_array_equal(short[name], mask[:, 3:], err_msg=f"{name} {dtype}")
+
+
+def test_a_right_padded_or_unpadded_batch_keeps_its_first_tokens() -> None:
+    right = np.array([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    neg = np.finfo(np.float32).min
+    for name, dtype, mask in (
+        ("attention_mask", "int64", right),
+        ("attention_mask", "float32", np.where(right == 1, 0.0, neg).astype(np.float32)),
+        ("key_padding_mask", "bool", right == 0),
+        ("attention_mask", "int64", np.ones((2, 6), np.int64)),
+    ):
+        signature, feed = _masked(name, dtype, mask)
+        np.testing.assert_array_equal(cut(feed, signature, {"seq": 3})["ids"], feed["ids"][:, :3])
+
+
+def test_a_source_giving_nan_at_the_shorter_size_skips_the_check() -> None:
+    check, _ = _check()
+
+    def empty_rows(inputs: list[dict[str, Any]]) -> RunResults:
+        return RunResults("eager:m", ["y"], [[np.full((2, 1), np.nan, np.float32)] for _ in inputs], inputs)
+
+    nan = DimsCheck(SIGNATURE, check.reference, empty_rows)
+    assert nan.failures(Sums(), default_thresholds("fp32")) == []  # no artifact can match NaN
+    assert nan.skipped is not None and "NaN or Inf" in nan.skipped and nan.checked is None
