@@ -175,3 +175,28 @@ def test_real_minilm_keeps_its_outputs_through_tvm_iree_and_xla(  # type: ignore
         assert cand["phase"] == "Succeeded", (name, cand)
         assert cand["maxAbsError"] < 1e-4 and cand["minCosine"] > 0.99999, (name, cand)
     assert cands["tvm-fp32"]["options"]["fastMath"] == "on: erf 6, softmax 6"
+
+
+def test_real_minilm_on_sentences_padded_on_the_left(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same 8 sentences as a tokenizer with padding_side="left" writes them. The check at half
+    the sequence (16) once kept each row's first 16 positions, padding only here (10-13 tokens of
+    32): the fp32 artifact, right on every real token, failed at cosine 0.489 on rows no server is
+    sent. It keeps their last 16 now, the sentences whole."""
+    import numpy as np
+
+    right = np.load(EXAMPLES / "minilm-sentences.npz")
+    lengths = right["attention_mask"].sum(1)
+    ids, mask = np.zeros_like(right["input_ids"]), np.zeros_like(right["attention_mask"])
+    for i, n in enumerate(lengths):
+        ids[i, -n:], mask[i, -n:] = right["input_ids"][i, :n], 1
+    np.savez(tmp_path / "left.npz", input_ids=ids, attention_mask=mask)
+    candidates = [{"backend": "onnxruntime", "precision": "fp32"}]
+    res = kompile_run(
+        write_manifest(_doc("minilm", "minilm_l6", _tokens(), candidates, tmp_path / "left.npz")),
+        "--no-register",
+    )
+    assert res.code == 0, res.stderr
+    fp32 = _candidates(res)["onnxruntime-fp32"]
+    assert fp32["phase"] == "Succeeded" and fp32["selected"], fp32
+    (t,) = res.status["targets"]
+    assert t["validation"]["checkedAt"] == ["sequence 16"]
