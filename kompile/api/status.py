@@ -135,6 +135,13 @@ class ValidationResult(ApiModel):
             "and met them: another benchmark batch ('batch 4'), half a dynamic dim's opt ('sequence 16')."
         ),
     )
+    not_checked_at: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Sizes a dynamic dim allows that the outputs could not be held at, and why: the source model "
+            "itself fails there or gives NaN or Inf ('sequence 8: the source model ... failed on ...')."
+        ),
+    )
     task_accuracy: TaskAccuracy | None = Field(
         default=None, description="Accuracy against the labels, when the reference data has them."
     )

@@ -586,6 +586,8 @@ def dims_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatu
     failures = ctx.dims.failures(runner, thresholds_of(ctx.cm, target))
     if ctx.dims.skipped:
         ctx.reporter.stage(label, ctx.dims.skipped)
+        if ts.validation is not None:
+            ts.validation.not_checked_at.append(ctx.dims.unchecked or "")
     if failures:
         fail_at_other_sizes(ts, failures)
         ctx.reporter.stage(label, f"failed validation {'; '.join(failures)}")

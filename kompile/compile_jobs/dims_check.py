@@ -95,12 +95,17 @@ class DimsCheck:
     """The source model's outputs on some inputs (kompile.compile_jobs.build.reference_results)."""
     task: TaskKind = "auto"
     _at: tuple[dict[str, int], RunResults] | None = None
-    skipped: str | None = None
-    """Why nothing is checked although a dim has room: the source itself refused the shorter inputs,
-    or its outputs on them are NaN or Inf."""
+    unchecked: str | None = None
+    """The sizes not held and why, where a dim has room: the source itself refused the shorter
+    inputs, or its outputs on them are NaN or Inf ('seq 8: the source model ... failed ...')."""
+
+    @property
+    def skipped(self) -> str | None:
+        """The stage note for `unchecked`."""
+        return f"not checked at {self.unchecked}" if self.unchecked else None
 
     def _reference(self) -> tuple[dict[str, int], RunResults] | None:
-        if self._at is None and self.skipped is None:
+        if self._at is None and self.unchecked is None:
             feeds = self.reference.inputs
             sizes = shorter_sizes(self.signature, feeds[0]) if feeds else {}
             if not sizes:
@@ -108,12 +113,12 @@ class DimsCheck:
             try:
                 at = self.reference_of([cut(f, self.signature, sizes) for f in feeds])
             except (InputMismatch, ExportError) as err:  # the source's own range is narrower than declared
-                self.skipped = f"not checked at {describe(sizes)}: {first_line(err)}"
+                self.unchecked = f"{describe(sizes)}: {first_line(err)}"
                 return None
             if at.nonfinite():
                 # No artifact can match NaN (a masked mean over a row the cut left empty).
-                self.skipped = (
-                    f"not checked at {describe(sizes)}: the source model's outputs there are NaN or Inf "
+                self.unchecked = (
+                    f"{describe(sizes)}: the source model's outputs there are NaN or Inf "
                     "(the reference inputs cut to that size)"
                 )
                 return None

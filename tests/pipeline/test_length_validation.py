@@ -99,17 +99,13 @@ def test_a_range_that_never_leaves_the_traced_branch_passes(kompile_run, tmp_pat
     assert t["validation"]["checkedAt"] == ["seq 14", "batch 2"]  # half of 16 is below the min
 
 
-def test_a_left_padded_dataset_is_cut_to_its_last_tokens(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Found by reading: the shorter size kept each row's first tokens, so a dataset a tokenizer
-    padded on the left (padding_side="left", as decoder models pad) lost every token of its short
-    rows; the source's pooled output was 0/0 there and every artifact failed 'NaN or Inf'."""
+def _masked_mean(tmp_path: Path, mask: Any) -> Path:
+    """MaskedMean on a dataset of 4 rows of 16 with `mask`, declared [4, 32] along seq."""
     import numpy as np
 
     folder = installed_module(tmp_path, "lengthy", LENGTHY)
-    lengths = [3, 5, 8, 16]
-    mask = np.array([[0] * (16 - n) + [1] * n for n in lengths], dtype=np.int64)
     ids = np.random.default_rng(0).integers(1, 50, size=(4, 16)) * mask
-    np.savez(folder / "left.npz", input_ids=ids, attention_mask=mask)
+    np.savez(folder / "data.npz", input_ids=ids, attention_mask=mask)
     seq = {"axis": 1, "name": "seq", "min": 4, "opt": 16, "max": 32}
     batch = {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 4}
     doc = small_cnn_doc(
@@ -118,12 +114,41 @@ def test_a_left_padded_dataset_is_cut_to_its_last_tokens(kompile_run, tmp_path: 
             {"name": name, "dtype": "int64", "shape": [-1, -1], "dynamicDims": [batch, seq]}
             for name in ("input_ids", "attention_mask")
         ],
-        validation={"dataset": "left.npz"},
+        validation={"dataset": "data.npz"},
     )
     path = folder / "m.yaml"
     path.write_text(yaml.safe_dump(doc))
-    res = kompile_run(path, "--no-register")
+    return path
+
+
+def test_a_left_padded_dataset_is_cut_to_its_last_tokens(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Found by reading: the shorter size kept each row's first tokens, so a dataset a tokenizer
+    padded on the left (padding_side="left", as decoder models pad) lost every token of its short
+    rows; the source's pooled output was 0/0 there and every artifact failed 'NaN or Inf'."""
+    import numpy as np
+
+    mask = np.array([[0] * (16 - n) + [1] * n for n in (3, 5, 8, 16)], dtype=np.int64)
+    res = kompile_run(_masked_mean(tmp_path, mask), "--no-register")
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
     assert t["validation"]["checkedAt"][0] == "seq 8", t["validation"]
+    assert not t["validation"].get("notCheckedAt")
+
+
+def test_a_size_the_source_gives_nan_at_is_listed_as_not_checked(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each row's 3 tokens sit between padding, past its first 8 positions: the source's masked mean
+    is 0/0 at seq 8, so no artifact can be held there; it passes on what could be checked, and the
+    status names the size left out and why."""
+    import numpy as np
+
+    mask = np.zeros((4, 16), np.int64)
+    mask[:, 10:13] = 1
+    res = kompile_run(_masked_mean(tmp_path, mask), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    assert t["phase"] == "Succeeded", t.get("message")
+    assert "seq 8" not in t["validation"]["checkedAt"]
+    (why,) = t["validation"]["notCheckedAt"]
+    assert why.startswith("seq 8: ") and "NaN or Inf" in why, why
+    assert "not checked at seq 8" in res.stderr
