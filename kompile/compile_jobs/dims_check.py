@@ -54,11 +54,11 @@ def _left_padded(feed: Feed, signature: Sequence[InputSpec]) -> set[str]:
     additive one (-inf or a large negative number marks the padding) and in a key_padding_mask."""
     dims: set[str] = set()
     for spec in signature:
-        arr = np.asarray(feed.get(spec.name))
+        arr = np.asarray(feed[spec.name])
         if arr.ndim != 2 or arr.shape[1] < 2 or not spec.name.lower().endswith(PADDING_MASK_NAMES):
             continue
-        additive = spec.name.lower().endswith("padding_mask") or bool((arr < 0).any())
-        tokens = arr == 0 if additive else arr != 0
+        zero_is_token = spec.name.lower().endswith("padding_mask") or bool((arr < 0).any())
+        tokens = arr == 0 if zero_is_token else arr != 0
         if tokens[:, -1].all() and not tokens[:, 0].all():
             dims.update(d.name for d in spec.dynamic_dims or [] if d.axis == 1)
     return dims
@@ -98,11 +98,6 @@ class DimsCheck:
     unchecked: str | None = None
     """The sizes not held and why, where a dim has room: the source itself refused the shorter
     inputs, or its outputs on them are NaN or Inf ('seq 8: the source model ... failed ...')."""
-
-    @property
-    def skipped(self) -> str | None:
-        """The stage note for `unchecked`."""
-        return f"not checked at {self.unchecked}" if self.unchecked else None
 
     def _reference(self) -> tuple[dict[str, int], RunResults] | None:
         if self._at is None and self.unchecked is None:
