@@ -132,14 +132,16 @@ class ValidationResult(ApiModel):
         default_factory=list,
         description=(
             "Sizes besides the reference inputs' where the outputs were held to the same thresholds "
-            "and met them: another benchmark batch ('batch 4'), half a dynamic dim's opt ('sequence 16')."
+            "and met them: another benchmark batch ('batch 4'), half a dynamic dim's opt ('sequence 16'), "
+            "its max ('sequence 512')."
         ),
     )
     not_checked_at: list[str] = Field(
         default_factory=list,
         description=(
             "Sizes a dynamic dim allows that the outputs could not be held at, and why: the source model "
-            "itself fails there or gives NaN or Inf ('sequence 8: the source model ... failed on ...')."
+            "itself fails there or gives NaN or Inf ('sequence 8: the source model ... failed on ...'), "
+            "or they lie past the growth the check at the max allows."
         ),
     )
     task_accuracy: TaskAccuracy | None = Field(

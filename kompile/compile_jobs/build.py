@@ -579,20 +579,20 @@ def compare_step(ctx: BuildContext, target: Target, ts: TargetStatus, outputs: R
 
 
 def dims_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatus, label: str) -> None:
-    """Hold a validated artifact to the source at shorter sizes of its dynamic dims besides the batch
-    (kompile.compile_jobs.dims_check): a miss fails it as a miss at the reference sizes would."""
+    """Hold a validated artifact to the source at a shorter size and at the max of its dynamic dims
+    besides the batch (kompile.compile_jobs.dims_check): a miss fails it as one at opt would."""
     if ctx.dims is None:
         return
     failures = ctx.dims.failures(runner, thresholds_of(ctx.cm, target))
-    if ctx.dims.unchecked:
-        ctx.reporter.stage(label, f"not checked at {ctx.dims.unchecked}")
+    for why in ctx.dims.unchecked:
+        ctx.reporter.stage(label, f"not checked at {why}")
         if ts.validation is not None:
-            ts.validation.not_checked_at.append(ctx.dims.unchecked)
+            ts.validation.not_checked_at.append(why)
     if failures:
         fail_at_other_sizes(ts, failures)
         ctx.reporter.stage(label, f"failed validation {'; '.join(failures)}")
-    elif ctx.dims.checked and ts.validation is not None:
-        ts.validation.checked_at.append(ctx.dims.checked)
+    elif ts.validation is not None:
+        ts.validation.checked_at += ctx.dims.checked
 
 
 def package_step(

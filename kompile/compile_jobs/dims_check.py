@@ -1,24 +1,31 @@
-"""Validation at another size of each dynamic dim besides the batch (a sequence, an image's height):
+"""Validation at other sizes of each dynamic dim besides the batch (a sequence, an image's height):
 the reference inputs sit at every dim's opt, and an artifact that declares the range [min, max] is
 served every size in it. A trace bakes in installed code's shape arithmetic (export.py lets those
 tracer warnings pass) and a compiler can get one shape wrong: right at opt and wrong at the lengths
 a server sends, an artifact would pass the gate and be rolled out.
 
-One more size is checked per dim, half its opt (never below its min): most sizes a constant or a
+Two more sizes are checked per dim. Half its opt (never below its min): most sizes a constant or a
 branch was baked at differ from it as they differ from opt, and a shorter feed costs less than the
-validation itself. The inputs are the reference inputs cut to that size along the dim's axes: a
+validation itself. Its inputs are the reference inputs cut to that size along the dim's axes: a
 dataset's real samples stay real (a sentence's first tokens, an image's corner) and a right-padded
 mask keeps its leading tokens, so no row is left with nothing to attend to; a batch a tokenizer
 padded on the left (padding_side="left", as decoder models pad) keeps its last tokens instead. A
-source whose outputs are NaN or Inf at the cut all the same is not checked there. The batch is held by
-kompile.compile_jobs.batch_check; an artifact exported at static shapes (`exportedStatic`) runs
-only those and says so, so it is not held here.
+source whose outputs are NaN or Inf at the cut all the same is not checked there.
+
+And its max, the longest inputs a server is sent, where a model's own limits show (BERT's table of
+512 positions): the first sample repeated along the dim's axes up to that size, real content still
+(a left-padded row ends as it did). A source that fails at its declared max refuses the spec before
+any compile: every artifact would be rolled out to fail there. The growth is bounded
+(LONGER_GROWTH): beyond it, the largest size it allows is checked and the rest listed as not checked.
+
+The batch is held by kompile.compile_jobs.batch_check; an artifact exported at static shapes
+(`exportedStatic`) runs only those and says so, so it is not held here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +53,28 @@ def shorter_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
             if size < held:
                 sizes[d.name] = size
     return sizes
+
+
+LONGER_GROWTH = 32
+"""The most the check at the max grows the first sample (the product of its dims' growth): a model's
+cost grows with it (a transformer's attention as its square), and so would every validation's."""
+
+
+def longer_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
+    """Each non-batch dynamic dim's max where it exceeds the size the reference inputs hold; where
+    their growth together passes LONGER_GROWTH, each grows by the same factor up to it."""
+    batch = batch_dim(signature)
+    room: dict[str, tuple[int, int]] = {}
+    for spec in signature:
+        for d in spec.dynamic_dims or []:
+            if d.name == batch or d.name in room or spec.name not in feed:
+                continue
+            held = int(np.asarray(feed[spec.name]).shape[d.axis])
+            if d.max > held:
+                room[d.name] = held, d.max
+    growth = float(np.prod([top / held for held, top in room.values()])) if room else 1.0
+    factor = (LONGER_GROWTH / growth) ** (1 / len(room)) if growth > LONGER_GROWTH else 1.0
+    return {name: min(top, max(held + 1, int(top * factor))) for name, (held, top) in room.items()}
 
 
 def _left_padded(feed: Feed, signature: Sequence[InputSpec]) -> set[str]:
@@ -80,62 +109,131 @@ def cut(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Fe
     return out
 
 
+def extend(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
+    """The feed repeated along each axis of a dim named in `sizes` up to that size: each row first
+    as it was; last as it was along a dim its padding mask pads on the left."""
+    tail = _left_padded(feed, signature)
+    out: Feed = {}
+    for spec in signature:
+        arr = np.asarray(feed[spec.name])
+        for d in spec.dynamic_dims or []:
+            if d.name in sizes:
+                n, held = sizes[d.name], arr.shape[d.axis]
+                steps = np.arange(n) - n if d.name in tail else np.arange(n)
+                arr = arr.take(steps % held, axis=d.axis)
+        out[spec.name] = np.ascontiguousarray(arr)
+    return out
+
+
 def describe(sizes: dict[str, int]) -> str:
     """'seq 8' or 'height 112, width 112'."""
     return ", ".join(f"{name} {size}" for name, size in sizes.items())
 
 
+def _what_failed(err: BaseException) -> str:
+    """The source's error without the hints it carries for a run's own inputs ('; check spec...')."""
+    return first_line(err).split("; ")[0]
+
+
+@dataclass
+class _Held:
+    """One set of sizes and the source's outputs there."""
+
+    sizes: dict[str, int]
+    reference: RunResults
+    how: str
+
+
 @dataclass
 class DimsCheck:
-    """The reference at the shorter sizes, computed once for every artifact of the run."""
+    """The reference at the shorter sizes and at the max, computed once for every artifact of the run
+    (prepare(): the pipeline calls it before any compile, so a max the source fails at is refused)."""
 
     signature: Sequence[InputSpec]
     reference: RunResults
     reference_of: Callable[[list[Feed]], RunResults]
     """The source model's outputs on some inputs (kompile.compile_jobs.build.reference_results)."""
     task: TaskKind = "auto"
-    _at: tuple[dict[str, int], RunResults] | None = None
-    unchecked: str | None = None
+    _held: list[_Held] | None = None
+    unchecked: list[str] = field(default_factory=list)
     """The sizes not held and why, where a dim has room: the source itself refused the shorter
-    inputs, or its outputs on them are NaN or Inf ('seq 8: the source model ... failed ...')."""
+    inputs, its outputs there are NaN or Inf ('seq 8: the source model ... failed ...'), or the max
+    is past LONGER_GROWTH."""
 
-    def _reference(self) -> tuple[dict[str, int], RunResults] | None:
-        if self._at is None and self.unchecked is None:
-            feeds = self.reference.inputs
-            sizes = shorter_sizes(self.signature, feeds[0]) if feeds else {}
-            if not sizes:
-                return None
+    def planned(self) -> str:
+        """The sizes prepare() computes the source's outputs at ('seq 8 and seq 64'); '' for none."""
+        feeds = self.reference.inputs
+        if not feeds:
+            return ""
+        sizes = (shorter_sizes(self.signature, feeds[0]), longer_sizes(self.signature, feeds[0]))
+        return " and ".join(describe(s) for s in sizes if s)
+
+    def prepare(self) -> None:
+        """Compute the source's outputs at the shorter sizes and at the max; InputMismatch where the
+        source fails at a declared max."""
+        if self._held is not None:
+            return
+        self._held = []
+        feeds = self.reference.inputs
+        if not feeds:
+            return
+        shorter = shorter_sizes(self.signature, feeds[0])
+        if shorter:
             try:
-                at = self.reference_of([cut(f, self.signature, sizes) for f in feeds])
+                at = self.reference_of([cut(f, self.signature, shorter) for f in feeds])
             except (InputMismatch, ExportError) as err:  # the source's own range is narrower than declared
-                self.unchecked = f"{describe(sizes)}: {first_line(err)}"
-                return None
-            if at.nonfinite():
-                # No artifact can match NaN (a masked mean over a row the cut left empty).
-                self.unchecked = (
-                    f"{describe(sizes)}: the source model's outputs there are NaN or Inf "
-                    "(the reference inputs cut to that size)"
-                )
-                return None
-            self._at = sizes, at
-        return self._at
+                self.unchecked.append(f"{describe(shorter)}: {_what_failed(err)}")
+            else:
+                self._keep(shorter, at, "cut to that size")
+        longer = longer_sizes(self.signature, feeds[0])
+        if not longer:
+            return
+        declared = {d.name: d.max for s in self.signature for d in s.dynamic_dims or [] if d.name in longer}
+        try:
+            at = self.reference_of([extend(feeds[0], self.signature, longer)])
+        except (InputMismatch, ExportError) as err:
+            fails = "there" if longer == declared else f"at {describe(longer)}"
+            raise InputMismatch(
+                f"spec.inputs declares {', '.join(f'{n} up to {m}' for n, m in declared.items())}, but "
+                f"the source model fails {fails}: {_what_failed(err)}; lower that max in "
+                "spec.inputs[].dynamicDims (or `--dim NAME=MIN:OPT:MAX`) to the largest size the model holds"
+            ) from None
+        self._keep(longer, at, "repeated to that size")
+        self.unchecked += [
+            f"{name} {longer[name] + 1} to {top}: past the {LONGER_GROWTH}x growth of the reference inputs "
+            "the check allows"
+            for name, top in declared.items()
+            if longer[name] < top
+        ]
+
+    def _keep(self, sizes: dict[str, int], at: RunResults, how: str) -> None:
+        if at.nonfinite():  # no artifact can match NaN (a masked mean over a row the cut left empty)
+            self.unchecked.append(
+                f"{describe(sizes)}: the source model's outputs there are NaN or Inf "
+                f"(the reference inputs {how})"
+            )
+        else:
+            assert self._held is not None
+            self._held.append(_Held(sizes, at, how))
 
     @property
-    def checked(self) -> str | None:
-        """The sizes held ('sequence 16'), once the reference there is computed; None: none."""
-        return describe(self._at[0]) if self._at is not None else None
+    def checked(self) -> list[str]:
+        """The sizes held ('sequence 16'), once prepared."""
+        return [describe(h.sizes) for h in self._held or []]
 
     def failures(self, runner: Runner, thresholds: Thresholds) -> list[str]:
-        """What the artifact's outputs at the shorter sizes miss, each prefixed with the sizes; []
+        """What the artifact's outputs at the other sizes miss, each prefixed with the sizes; []
         when they pass or there is nothing to check."""
-        at = self._reference()
-        if at is None:
-            return []
-        sizes, reference = at
-        where = describe(sizes)
-        try:
-            outputs = [list(runner.run(feed)) for feed in reference.inputs]
-        except (BackendError, RuntimeError, ValueError) as err:
-            return [f"at {where}: failed on the reference inputs cut to that size: {first_line(err)}"]
-        verdict = compare(reference, reference.with_outputs("artifact", outputs), thresholds, self.task)
-        return [f"at {where}: {f}" for f in verdict.failures]
+        self.prepare()
+        missed: list[str] = []
+        for held in self._held or []:
+            where = describe(held.sizes)
+            try:
+                outputs = [list(runner.run(feed)) for feed in held.reference.inputs]
+            except (BackendError, RuntimeError, ValueError) as err:
+                missed.append(f"at {where}: failed on the reference inputs {held.how}: {first_line(err)}")
+                continue
+            artifact = held.reference.with_outputs("artifact", outputs)
+            verdict = compare(held.reference, artifact, thresholds, self.task)
+            missed += [f"at {where}: {f}" for f in verdict.failures]
+        return missed

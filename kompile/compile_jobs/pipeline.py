@@ -180,6 +180,9 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         )
 
     ctx.dims = DimsCheck(spec.inputs, reference, source_on, spec.validation.task)
+    if other := ctx.dims.planned():
+        reporter.stage(None, f"computing reference outputs at {other}")
+    ctx.dims.prepare()  # before any compile: a declared max the source fails at refuses the spec
     planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     check = BatchCheck(spec.inputs, reference, source_on, spec.validation.task)
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter, check)

@@ -15,8 +15,9 @@ import yaml
 from tests.pipeline.conftest import installed_module, small_cnn_doc
 
 # Pooled: a library step that flips long sequences' pooled features: traced at length 16, the graph
-# flips at every length, which is right at 16 and wrong at 8. MaskedMean: pooling over the mask, as
-# sentence-embedding models end: a row with no token left is 0/0.
+# flips at every length, which is right at 16 and wrong at 8. Capped: the same past 24, right at 8
+# and 16. Positioned: a learned position table of 24 rows (BERT's holds 512). MaskedMean: pooling
+# over the mask, as sentence-embedding models end: a row with no token left is 0/0.
 LENGTHY = """
 import torch
 
@@ -37,6 +38,23 @@ class Pooled(Embedded):
         return self.fc(h)
 
 
+class Capped(Embedded):
+    def forward(self, ids):
+        h = self.emb(ids).mean(1)
+        if ids.shape[1] > 24:
+            h = -h
+        return self.fc(h)
+
+
+class Positioned(Embedded):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = torch.nn.Embedding(24, 8)
+
+    def forward(self, ids):
+        return self.fc((self.emb(ids) + self.pos(torch.arange(ids.shape[1]))).mean(1))
+
+
 class MaskedMean(Embedded):
     def forward(self, input_ids, attention_mask):
         m = attention_mask.unsqueeze(-1).float()
@@ -49,14 +67,22 @@ def model():
 
 def masked_mean():
     return MaskedMean().eval()
+
+
+def capped():
+    return Capped().eval()
+
+
+def positioned():
+    return Positioned().eval()
 """
 
 
-def _manifest(tmp_path: Path, seq: dict[str, int], **spec: Any) -> Path:
+def _manifest(tmp_path: Path, seq: dict[str, int], factory: str = "model", **spec: Any) -> Path:
     """The model as installed code: the trace's warnings from a site-packages file are let pass."""
     folder = installed_module(tmp_path, "lengthy", LENGTHY)
     doc = small_cnn_doc(
-        source={"uri": "python://lengthy:model"},
+        source={"uri": f"python://lengthy:{factory}"},
         inputs=[
             {
                 "name": "ids",
@@ -87,6 +113,31 @@ def test_an_artifact_wrong_at_another_sequence_length_fails_validation(kompile_r
     assert res.code != 0
 
 
+def test_an_artifact_wrong_at_the_declared_max_fails_validation(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Found by reading: the sizes held were opt and below, so installed code that branches past
+    opt was right wherever it was checked and wrong at the longest inputs a server is sent."""
+    res = kompile_run(_manifest(tmp_path, {"min": 4, "opt": 16, "max": 32}, "capped"), "--no-register")
+    (t,) = res.status["targets"]
+    assert t["phase"] == "Failed" and t["reason"] == "ValidationFailed", t
+    assert "at seq 32" in t["message"] and "at seq 8" not in t["message"], t["message"]
+    assert res.code != 0
+
+
+def test_a_max_beyond_what_the_model_holds_is_refused_before_any_compile(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Found by reading: a position table of 24 rows declared up to 32 passed the gate (checked at
+    16 and 8) and was rolled out to fail on every request longer than 24. The source fails there:
+    the spec is refused with what to change, before a compile is spent on it."""
+    res = kompile_run(_manifest(tmp_path, {"min": 4, "opt": 16, "max": 32}, "positioned"), "--no-register")
+    assert res.code == 2, res.stderr
+    assert "spec.inputs declares seq up to 32, but the source model fails there: " in res.stderr
+    assert "index out of range" in res.stderr and "lower that max" in res.stderr, res.stderr
+    assert "compiling" not in res.stderr
+    fits = kompile_run(_manifest(tmp_path, {"min": 4, "opt": 16, "max": 24}, "positioned"), "--no-register")
+    assert fits.code == 0, fits.stderr
+    (t,) = fits.status["targets"]
+    assert t["validation"]["checkedAt"] == ["seq 8", "seq 24"]
+
+
 def test_a_range_that_never_leaves_the_traced_branch_passes(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Every length from 14 to 32 takes the branch the trace took: the artifact is right there, and
     its status says where it was held besides the reference inputs."""
@@ -96,7 +147,7 @@ def test_a_range_that_never_leaves_the_traced_branch_passes(kompile_run, tmp_pat
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
-    assert t["validation"]["checkedAt"] == ["seq 14", "batch 2"]  # half of 16 is below the min
+    assert t["validation"]["checkedAt"] == ["seq 14", "seq 32", "batch 2"]  # half of 16 is below the min
 
 
 def _masked_mean(tmp_path: Path, mask: Any) -> Path:

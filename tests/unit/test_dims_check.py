@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 from kompile.api.spec import InputSpec
-from kompile.compile_jobs.dims_check import DimsCheck, cut, shorter_sizes
+from kompile.compile_jobs.dims_check import LONGER_GROWTH, DimsCheck, cut, extend, longer_sizes, shorter_sizes
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.run_results import RunResults
@@ -90,8 +91,8 @@ def test_a_miss_names_the_sizes_and_the_reference_is_computed_once() -> None:
     assert check.failures(Sums(), thresholds) == []
     failures = check.failures(Sums(wrong_below=16), thresholds)
     assert failures and all(f.startswith("at seq 8: ") for f in failures), failures
-    assert check.checked == "seq 8"
-    assert source.calls == 3  # the source ran once per sample at seq 8, for both artifacts
+    assert check.checked == ["seq 8", "seq 64"]
+    assert source.calls == 3 + 1  # once per sample at seq 8 and once at seq 64, for both artifacts
 
 
 class Refuses:
@@ -101,23 +102,29 @@ class Refuses:
         raise RuntimeError("the input 'ids' got [2, 8], expected [2, 16]\nmore detail")
 
 
-def test_an_artifact_failing_there_misses_and_a_source_failing_there_skips_the_check() -> None:
+def test_an_artifact_failing_there_misses_and_a_source_failing_below_opt_skips_the_check() -> None:
     check, _ = _check()
-    (failure,) = check.failures(Refuses(), default_thresholds("fp32"))
-    assert failure == (
+    assert check.failures(Refuses(), default_thresholds("fp32")) == [
         "at seq 8: failed on the reference inputs cut to that size: "
-        "the input 'ids' got [2, 8], expected [2, 16]"
-    )
+        "the input 'ids' got [2, 8], expected [2, 16]",
+        "at seq 64: failed on the reference inputs repeated to that size: "
+        "the input 'ids' got [2, 8], expected [2, 16]",
+    ]
 
     def source_refuses(inputs: list[dict[str, Any]]) -> RunResults:
-        raise InputMismatch("the source model m failed on inputs shaped [2, 8]")
+        if inputs[0]["ids"].shape[1] < 16:
+            raise InputMismatch("the source model m failed on inputs shaped [2, 8]; check spec.inputs")
+        return RunResults("eager:m", ["y"], [Sums().run(f) for f in inputs], inputs)
 
     narrow = DimsCheck(SIGNATURE, check.reference, source_refuses)
-    assert narrow.failures(Refuses(), default_thresholds("fp32")) == []  # nothing to hold it to
-    assert narrow.unchecked == "seq 8: the source model m failed on inputs shaped [2, 8]"
+    assert narrow.failures(Sums(), default_thresholds("fp32")) == []  # held at seq 64 only
+    assert narrow.unchecked == ["seq 8: the source model m failed on inputs shaped [2, 8]"]
+    assert narrow.checked == ["seq 64"]
 
     def eager_refuses(inputs: list[dict[str, Any]]) -> RunResults:
-        raise ExportError("M failed on inputs shaped {'ids': [2, 8]}: kernel size can't be greater")
+        if inputs[0]["ids"].shape[1] < 16:
+            raise ExportError("M failed on inputs shaped {'ids': [2, 8]}: kernel size can't be greater")
+        return RunResults("eager:m", ["y"], [Sums().run(f) for f in inputs], inputs)
 
     assert (
         DimsCheck(SIGNATURE, check.reference, eager_refuses).failures(Sums(), default_thresholds("fp32"))
@@ -170,4 +177,64 @@ def test_a_source_giving_nan_at_the_shorter_size_skips_the_check() -> None:
 
     nan = DimsCheck(SIGNATURE, check.reference, empty_rows)
     assert nan.failures(Sums(), default_thresholds("fp32")) == []  # no artifact can match NaN
-    assert nan.unchecked is not None and "NaN or Inf" in nan.unchecked and nan.checked is None
+    assert [why[:6] for why in nan.unchecked] == ["seq 8:", "seq 64"] and nan.checked == []
+    assert all("NaN or Inf" in why for why in nan.unchecked)
+
+
+def test_each_non_batch_dim_is_also_checked_at_its_max_within_the_growth_bound() -> None:
+    assert longer_sizes(SIGNATURE, _feed(0)) == {"seq": 64}  # 4x the 16 it holds
+    at_max = {"ids": np.zeros((1, 64), np.int64), "attention_mask": np.ones((1, 64), np.int64)}
+    assert longer_sizes(SIGNATURE, at_max) == {}  # no room above
+    short = {"ids": np.zeros((1, 1), np.int64), "attention_mask": np.ones((1, 1), np.int64)}
+    assert longer_sizes(SIGNATURE, short) == {"seq": LONGER_GROWTH}  # 64x: stops at the bound
+
+
+def test_the_longer_inputs_repeat_each_row_along_the_dim() -> None:
+    feed = _feed(0)
+    long = extend(feed, SIGNATURE, {"seq": 40})
+    assert long["ids"].shape == (2, 40) and long["attention_mask"].shape == (2, 40)
+    np.testing.assert_array_equal(long["ids"][:, :16], feed["ids"])  # the row first, as it was
+    np.testing.assert_array_equal(long["ids"][:, 16:32], feed["ids"])
+    np.testing.assert_array_equal(long["attention_mask"][:, 32:], feed["attention_mask"][:, :8])
+    left = np.array([[0, 0, 1, 1], [0, 1, 1, 1]])
+    signature, masked = _masked("attention_mask", "int64", np.pad(left, ((0, 0), (2, 0))))
+    # a row padded on the left ends as it did: its last token stays last
+    np.testing.assert_array_equal(
+        extend(masked, signature, {"seq": 8})["attention_mask"][:, -6:], masked["attention_mask"]
+    )
+
+
+def test_a_source_failing_at_a_declared_max_refuses_the_spec_before_any_compile() -> None:
+    check, _ = _check()
+
+    def positions_up_to_32(inputs: list[dict[str, Any]]) -> RunResults:
+        if inputs[0]["ids"].shape[1] > 32:
+            raise ExportError(
+                "M failed on inputs shaped {'ids': [2, 64]}: index out of range in self; the dynamic "
+                "dims were seq=64: a model that needs another size takes it with `--dim seq=...`"
+            )
+        return RunResults("eager:m", ["y"], [Sums().run(f) for f in inputs], inputs)
+
+    narrow = DimsCheck(SIGNATURE, check.reference, positions_up_to_32)
+    with pytest.raises(InputMismatch) as err:
+        narrow.prepare()
+    assert str(err.value) == (
+        "spec.inputs declares seq up to 64, but the source model fails there: M failed on inputs "
+        "shaped {'ids': [2, 64]}: index out of range in self; lower that max in "
+        "spec.inputs[].dynamicDims (or `--dim NAME=MIN:OPT:MAX`) to the largest size the model holds"
+    )
+
+
+def test_an_artifact_wrong_only_at_the_max_misses_there() -> None:
+    check, source = _check()
+    thresholds = default_thresholds("fp32")
+
+    class WrongAbove(Sums):
+        def run(self, feed: dict[str, Any]) -> list[np.ndarray[Any, Any]]:
+            (out,) = super().run(feed)
+            return [-out if feed["ids"].shape[1] > 32 else out]
+
+    (failure, *_) = check.failures(WrongAbove(), thresholds)
+    assert failure.startswith("at seq 64: "), failure
+    assert check.checked == ["seq 8", "seq 64"]
+    assert source.calls == 3 + 1  # every sample cut to seq 8, the first repeated to seq 64
