@@ -151,6 +151,33 @@ def input_dtypes(signature: Sequence[InputSpec], model_dtype: torch.dtype) -> li
 _LOCATION = re.compile(r"File: (\S+?\.py):(\d+) in \w+, code: (.+)|\((\S+?\.py):(\d+) in \w+\)")
 
 
+_FIX = re.compile(r"^\s*(\w+) = (Dim\(.*\)|\d+)\s*$")
+
+
+def _suggested_fixes(text: str) -> list[str]:
+    """torch.export's 'Suggested fixes:' lines ("seq = Dim('seq', max=24)", 'seq = 16')."""
+    _, found, rest = text.partition("Suggested fixes:")
+    return [m.group(0).strip() for ln in rest.splitlines() if (m := _FIX.match(ln))] if found else []
+
+
+def _constraint_advice(first: str, fixes: list[str]) -> str:
+    """A declared dim torch.export could not hold: a narrower range (a branch or an index on the
+    size) is fixed by the dim's min/max, a size the code fixes by making it static or generic."""
+    ranged = [f for f in fixes if "Dim(" in f]
+    if ranged:
+        names = ", ".join(f.split(" = ")[0] for f in ranged)
+        return (
+            f"{first}; the model's code holds {names} only in a narrower range than spec.inputs declares "
+            f"(torch.export suggests {'; '.join(ranged)}): narrow that dim's min/max in "
+            "spec.inputs[].dynamicDims, or make the code shape-generic past it"
+        )
+    said = f" (torch.export suggests {'; '.join(fixes)})" if fixes else ""
+    return (
+        f"{first}; a dimension declared dynamic in spec.inputs is treated as a constant by the "
+        f"model{said}: make the code shape-generic, or make that dimension static in spec.inputs"
+    )
+
+
 def describe_export_error(err: BaseException, label: str, package: str = "an AOTInductor package") -> str:
     """A one-paragraph message: where (file:line and code), what construct, and what to change."""
     text = str(err)
@@ -170,10 +197,7 @@ def describe_export_error(err: BaseException, label: str, package: str = "an AOT
             "rewrite it with tensor ops (torch.where, torch.cond) or make it independent of input values"
         )
     elif "Constraints violated" in text or "specialized" in text:
-        what = (
-            f"{first}; a dimension declared dynamic in spec.inputs is treated as a constant by the "
-            "model: make the code shape-generic, or make that dimension static in spec.inputs"
-        )
+        what = _constraint_advice(first, _suggested_fixes(text))
     elif op:
         what = f"operator {op.group(1)} cannot be exported ({first}); replace it or register a fake kernel"
     else:
