@@ -133,7 +133,7 @@ class ValidationResult(ApiModel):
         description=(
             "Sizes besides the reference inputs' where the outputs were held to the same thresholds "
             "and met them: another benchmark batch ('batch 4'), half a dynamic dim's opt ('sequence 16'), "
-            "its max ('sequence 512')."
+            "its min and max ('sequence 1', 'sequence 512')."
         ),
     )
     not_checked_at: list[str] = Field(

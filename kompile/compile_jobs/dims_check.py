@@ -4,18 +4,19 @@ served every size in it. A trace bakes in installed code's shape arithmetic (exp
 tracer warnings pass) and a compiler can get one shape wrong: right at opt and wrong at the lengths
 a server sends, an artifact would pass the gate and be rolled out.
 
-Two more sizes are checked per dim. Half its opt (never below its min): most sizes a constant or a
-branch was baked at differ from it as they differ from opt, and a shorter feed costs less than the
-validation itself. Its inputs are the reference inputs cut to that size along the dim's axes: a
+Three more sizes are checked per dim. Half its opt (never below its min): most sizes a constant or
+a branch was baked at differ from it as they differ from opt, and a shorter feed costs less than
+the validation itself. Its inputs are the reference inputs cut to that size along the dim's axes: a
 dataset's real samples stay real (a sentence's first tokens, an image's corner) and a right-padded
 mask keeps its leading tokens, so no row is left with nothing to attend to; a batch a tokenizer
 padded on the left (padding_side="left", as decoder models pad) keeps its last tokens instead. A
 source whose outputs are NaN or Inf at the cut all the same is not checked there.
 
-And its max, the longest inputs a server is sent, where a model's own limits show (BERT's table of
-512 positions): the first sample repeated along the dim's axes up to that size, real content still
-(a left-padded row ends as it did). A source that fails at its declared max refuses the spec before
-any compile: every artifact would be rolled out to fail there. The growth is bounded
+And its bounds, the shortest and longest inputs a server is sent, where a model's own limits show
+(a convolution wider than the min; BERT's table of 512 positions past the max): the first sample
+cut to the min, and repeated along the dim's axes up to the max, real content still (a left-padded
+row ends as it did). A source that fails at a declared bound refuses the spec before any compile:
+every artifact would be rolled out to fail there. The growth to the max is bounded
 (LONGER_GROWTH): beyond it, the largest size it allows is checked and the rest listed as not checked.
 
 The batch is held by kompile.compile_jobs.batch_check; an artifact exported at static shapes
@@ -52,6 +53,22 @@ def shorter_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
             size = max(d.min, held // 2)
             if size < held:
                 sizes[d.name] = size
+    return sizes
+
+
+def least_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
+    """Each non-batch dynamic dim's min where it lies below the shorter size (a dim whose half opt
+    is clipped to its min is held there already)."""
+    shorter = shorter_sizes(signature, feed)
+    batch = batch_dim(signature)
+    sizes: dict[str, int] = {}
+    for spec in signature:
+        for d in spec.dynamic_dims or []:
+            if d.name == batch or d.name in sizes or spec.name not in feed:
+                continue
+            above = shorter.get(d.name, int(np.asarray(feed[spec.name]).shape[d.axis]))
+            if d.min < above:
+                sizes[d.name] = d.min
     return sizes
 
 
@@ -146,8 +163,9 @@ class _Held:
 
 @dataclass
 class DimsCheck:
-    """The reference at the shorter sizes and at the max, computed once for every artifact of the run
-    (prepare(): the pipeline calls it before any compile, so a max the source fails at is refused)."""
+    """The reference at each dim's min, half its opt and its max, computed once for every artifact of
+    the run (prepare(): the pipeline calls it before any compile, so a bound the source fails at is
+    refused before a compile is spent)."""
 
     signature: Sequence[InputSpec]
     reference: RunResults
@@ -161,22 +179,27 @@ class DimsCheck:
     is past LONGER_GROWTH."""
 
     def planned(self) -> str:
-        """The sizes prepare() computes the source's outputs at ('seq 8 and seq 64'); '' for none."""
+        """The sizes prepare() computes the source's outputs at ('seq 3, seq 8 and seq 64'); ''
+        for none."""
         feeds = self.reference.inputs
         if not feeds:
             return ""
-        sizes = (shorter_sizes(self.signature, feeds[0]), longer_sizes(self.signature, feeds[0]))
-        return " and ".join(describe(s) for s in sizes if s)
+        found = [f(self.signature, feeds[0]) for f in (least_sizes, shorter_sizes, longer_sizes)]
+        return " and ".join(describe(s) for s in found if s)
 
     def prepare(self) -> None:
-        """Compute the source's outputs at the shorter sizes and at the max; InputMismatch where the
-        source fails at a declared max."""
+        """Compute the source's outputs at each dim's min, half its opt and its max; InputMismatch
+        where the source fails at a declared min or max: the spec is the user's to change."""
         if self._held is not None:
             return
         self._held = []
         feeds = self.reference.inputs
         if not feeds:
             return
+        least = least_sizes(self.signature, feeds[0])
+        if least:
+            at = self._at_bound(least, [cut(feeds[0], self.signature, least)], "down to", "raise that min")
+            self._keep(least, at, "cut to that size")
         shorter = shorter_sizes(self.signature, feeds[0])
         if shorter:
             try:
@@ -188,23 +211,31 @@ class DimsCheck:
         longer = longer_sizes(self.signature, feeds[0])
         if not longer:
             return
-        declared = {d.name: d.max for s in self.signature for d in s.dynamic_dims or [] if d.name in longer}
-        try:
-            at = self.reference_of([extend(feeds[0], self.signature, longer)])
-        except (InputMismatch, ExportError) as err:
-            fails = "there" if longer == declared else f"at {describe(longer)}"
-            raise InputMismatch(
-                f"spec.inputs declares {', '.join(f'{n} up to {m}' for n, m in declared.items())}, but "
-                f"the source model fails {fails}: {_what_failed(err)}; lower that max in "
-                "spec.inputs[].dynamicDims (or `--dim NAME=MIN:OPT:MAX`) to the largest size the model holds"
-            ) from None
+        at = self._at_bound(longer, [extend(feeds[0], self.signature, longer)], "up to", "lower that max")
         self._keep(longer, at, "repeated to that size")
+        declared = {d.name: d.max for s in self.signature for d in s.dynamic_dims or [] if d.name in longer}
         self.unchecked += [
             f"{name} {longer[name] + 1} to {top}: past the {LONGER_GROWTH}x growth of the reference inputs "
             "the check allows"
             for name, top in declared.items()
             if longer[name] < top
         ]
+
+    def _at_bound(self, sizes: dict[str, int], feeds: list[Feed], bound: str, change: str) -> RunResults:
+        """The source's outputs at a declared min ('down to') or max ('up to'); the spec refused where
+        the source fails there (at a max past LONGER_GROWTH: at the size checked)."""
+        try:
+            return self.reference_of(feeds)
+        except (InputMismatch, ExportError) as err:
+            dims = [d for s in self.signature for d in s.dynamic_dims or [] if d.name in sizes]
+            declared = {d.name: d.min if bound == "down to" else d.max for d in dims}
+            fails = "there" if sizes == declared else f"at {describe(sizes)}"
+            least = "smallest" if bound == "down to" else "largest"
+            raise InputMismatch(
+                f"spec.inputs declares {', '.join(f'{n} {bound} {m}' for n, m in declared.items())}, but "
+                f"the source model fails {fails}: {_what_failed(err)}; {change} in spec.inputs[].dynamicDims "
+                f"(or `--dim NAME=MIN:OPT:MAX`) to the {least} size the model holds"
+            ) from None
 
     def _keep(self, sizes: dict[str, int], at: RunResults, how: str) -> None:
         if at.nonfinite():  # no artifact can match NaN (a masked mean over a row the cut left empty)

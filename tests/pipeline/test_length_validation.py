@@ -16,7 +16,8 @@ from tests.pipeline.conftest import installed_module, small_cnn_doc
 
 # Pooled: a library step that flips long sequences' pooled features: traced at length 16, the graph
 # flips at every length, which is right at 16 and wrong at 8. Capped: the same past 24, right at 8
-# and 16. Positioned: a learned position table of 24 rows (BERT's holds 512). MaskedMean: pooling
+# and 16; Short: the same below 6. Positioned: a learned position table of 24 rows (BERT's holds
+# 512). Convolved: a convolution of 5 taps along the sequence, no shorter input. MaskedMean: pooling
 # over the mask, as sentence-embedding models end: a row with no token left is 0/0.
 LENGTHY = """
 import torch
@@ -42,6 +43,23 @@ class Capped(Embedded):
     def forward(self, ids):
         h = self.emb(ids).mean(1)
         if ids.shape[1] > 24:
+            h = -h
+        return self.fc(h)
+
+
+class Convolved(Embedded):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(8, 8, 5)
+
+    def forward(self, ids):
+        return self.fc(self.conv(self.emb(ids).transpose(1, 2)).mean(2))
+
+
+class Short(Embedded):
+    def forward(self, ids):
+        h = self.emb(ids).mean(1)
+        if ids.shape[1] < 6:
             h = -h
         return self.fc(h)
 
@@ -75,6 +93,14 @@ def capped():
 
 def positioned():
     return Positioned().eval()
+
+
+def convolved():
+    return Convolved().eval()
+
+
+def short():
+    return Short().eval()
 """
 
 
@@ -135,7 +161,22 @@ def test_a_max_beyond_what_the_model_holds_is_refused_before_any_compile(kompile
     fits = kompile_run(_manifest(tmp_path, {"min": 4, "opt": 16, "max": 24}, "positioned"), "--no-register")
     assert fits.code == 0, fits.stderr
     (t,) = fits.status["targets"]
-    assert t["validation"]["checkedAt"] == ["seq 8", "seq 24"]
+    assert t["validation"]["checkedAt"] == ["seq 4", "seq 8", "seq 24"]
+
+
+def test_an_artifact_wrong_at_the_declared_min_fails_and_a_min_the_model_cannot_run_is_refused(  # type: ignore[no-untyped-def]
+    kompile_run, tmp_path: Path
+) -> None:
+    """Found by reading: the shortest size held was half the opt, so code that branches below it and
+    a convolution wider than the declared min passed the gate, to fail on the shortest requests."""
+    res = kompile_run(_manifest(tmp_path, {"min": 4, "opt": 16, "max": 32}, "short"), "--no-register")
+    (t,) = res.status["targets"]
+    assert t["phase"] == "Failed" and t["reason"] == "ValidationFailed", t
+    assert t["message"].startswith("at seq 4: "), t["message"]
+    res = kompile_run(_manifest(tmp_path, {"min": 2, "opt": 16, "max": 32}, "convolved"), "--no-register")
+    assert res.code == 2, res.stderr
+    assert "spec.inputs declares seq down to 2, but the source model fails there: " in res.stderr
+    assert "raise that min" in res.stderr and "compiling" not in res.stderr, res.stderr
 
 
 def test_a_range_that_never_leaves_the_traced_branch_passes(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -183,14 +224,14 @@ def test_a_left_padded_dataset_is_cut_to_its_last_tokens(kompile_run, tmp_path: 
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
-    assert t["validation"]["checkedAt"][0] == "seq 8", t["validation"]
+    assert t["validation"]["checkedAt"][:2] == ["seq 4", "seq 8"], t["validation"]
     assert not t["validation"].get("notCheckedAt")
 
 
 def test_a_size_the_source_gives_nan_at_is_listed_as_not_checked(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Each row's 3 tokens sit between padding, past its first 8 positions: the source's masked mean
-    is 0/0 at seq 8, so no artifact can be held there; it passes on what could be checked, and the
-    status names the size left out and why."""
+    is 0/0 at seq 8 and at the min (4), so no artifact can be held there; it passes on what could be
+    checked (the max, 32, repeats the tokens), and the status names the sizes left out and why."""
     import numpy as np
 
     mask = np.zeros((4, 16), np.int64)
@@ -199,7 +240,7 @@ def test_a_size_the_source_gives_nan_at_is_listed_as_not_checked(kompile_run, tm
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
-    assert "seq 8" not in t["validation"]["checkedAt"]
-    (why,) = t["validation"]["notCheckedAt"]
-    assert why.startswith("seq 8: ") and "NaN or Inf" in why, why
+    assert t["validation"]["checkedAt"] == ["seq 32"]
+    assert [why[:7] for why in t["validation"]["notCheckedAt"]] == ["seq 4: ", "seq 8: "]
+    assert all("NaN or Inf" in why for why in t["validation"]["notCheckedAt"])
     assert "not checked at seq 8" in res.stderr

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from kompile.api.spec import InputSpec
-from kompile.compile_jobs.dims_check import LONGER_GROWTH, DimsCheck, cut, extend, longer_sizes, shorter_sizes
+from kompile.compile_jobs.dims_check import (
+    LONGER_GROWTH,
+    DimsCheck,
+    cut,
+    extend,
+    least_sizes,
+    longer_sizes,
+    shorter_sizes,
+)
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import InputMismatch
 from kompile.compile_jobs.run_results import RunResults
@@ -90,9 +98,9 @@ def test_a_miss_names_the_sizes_and_the_reference_is_computed_once() -> None:
     thresholds = default_thresholds("fp32")
     assert check.failures(Sums(), thresholds) == []
     failures = check.failures(Sums(wrong_below=16), thresholds)
-    assert failures and all(f.startswith("at seq 8: ") for f in failures), failures
-    assert check.checked == ["seq 8", "seq 64"]
-    assert source.calls == 3 + 1  # once per sample at seq 8 and once at seq 64, for both artifacts
+    assert failures and {f.split(":")[0] for f in failures} == {"at seq 3", "at seq 8"}, failures
+    assert check.checked == ["seq 3", "seq 8", "seq 64"]
+    assert source.calls == 1 + 3 + 1  # once at seq 3, per sample at 8, once at 64, for both artifacts
 
 
 class Refuses:
@@ -102,9 +110,11 @@ class Refuses:
         raise RuntimeError("the input 'ids' got [2, 8], expected [2, 16]\nmore detail")
 
 
-def test_an_artifact_failing_there_misses_and_a_source_failing_below_opt_skips_the_check() -> None:
+def test_an_artifact_failing_there_misses_and_a_source_failing_at_half_opt_skips_the_check() -> None:
     check, _ = _check()
     assert check.failures(Refuses(), default_thresholds("fp32")) == [
+        "at seq 3: failed on the reference inputs cut to that size: "
+        "the input 'ids' got [2, 8], expected [2, 16]",
         "at seq 8: failed on the reference inputs cut to that size: "
         "the input 'ids' got [2, 8], expected [2, 16]",
         "at seq 64: failed on the reference inputs repeated to that size: "
@@ -112,17 +122,17 @@ def test_an_artifact_failing_there_misses_and_a_source_failing_below_opt_skips_t
     ]
 
     def source_refuses(inputs: list[dict[str, Any]]) -> RunResults:
-        if inputs[0]["ids"].shape[1] < 16:
+        if inputs[0]["ids"].shape[1] == 8:
             raise InputMismatch("the source model m failed on inputs shaped [2, 8]; check spec.inputs")
         return RunResults("eager:m", ["y"], [Sums().run(f) for f in inputs], inputs)
 
     narrow = DimsCheck(SIGNATURE, check.reference, source_refuses)
-    assert narrow.failures(Sums(), default_thresholds("fp32")) == []  # held at seq 64 only
+    assert narrow.failures(Sums(), default_thresholds("fp32")) == []  # held at its min and max only
     assert narrow.unchecked == ["seq 8: the source model m failed on inputs shaped [2, 8]"]
-    assert narrow.checked == ["seq 64"]
+    assert narrow.checked == ["seq 3", "seq 64"]
 
     def eager_refuses(inputs: list[dict[str, Any]]) -> RunResults:
-        if inputs[0]["ids"].shape[1] < 16:
+        if inputs[0]["ids"].shape[1] == 8:
             raise ExportError("M failed on inputs shaped {'ids': [2, 8]}: kernel size can't be greater")
         return RunResults("eager:m", ["y"], [Sums().run(f) for f in inputs], inputs)
 
@@ -177,7 +187,7 @@ def test_a_source_giving_nan_at_the_shorter_size_skips_the_check() -> None:
 
     nan = DimsCheck(SIGNATURE, check.reference, empty_rows)
     assert nan.failures(Sums(), default_thresholds("fp32")) == []  # no artifact can match NaN
-    assert [why[:6] for why in nan.unchecked] == ["seq 8:", "seq 64"] and nan.checked == []
+    assert [why[:6] for why in nan.unchecked] == ["seq 3:", "seq 8:", "seq 64"] and nan.checked == []
     assert all("NaN or Inf" in why for why in nan.unchecked)
 
 
@@ -226,7 +236,7 @@ def test_a_source_failing_at_a_declared_max_refuses_the_spec_before_any_compile(
 
 
 def test_an_artifact_wrong_only_at_the_max_misses_there() -> None:
-    check, source = _check()
+    check, _ = _check()
     thresholds = default_thresholds("fp32")
 
     class WrongAbove(Sums):
@@ -236,5 +246,27 @@ def test_an_artifact_wrong_only_at_the_max_misses_there() -> None:
 
     (failure, *_) = check.failures(WrongAbove(), thresholds)
     assert failure.startswith("at seq 64: "), failure
-    assert check.checked == ["seq 8", "seq 64"]
-    assert source.calls == 3 + 1  # every sample cut to seq 8, the first repeated to seq 64
+    assert check.checked == ["seq 3", "seq 8", "seq 64"]
+
+
+def test_each_non_batch_dim_is_checked_at_its_min_where_half_opt_is_above_it() -> None:
+    assert least_sizes(SIGNATURE, _feed(0)) == {"seq": 3}
+    near = {"ids": np.zeros((1, 5), np.int64), "attention_mask": np.ones((1, 5), np.int64)}
+    assert least_sizes(SIGNATURE, near) == {}  # half of 5 is below 3: the shorter check is at the min
+
+
+def test_a_source_failing_at_a_declared_min_refuses_the_spec() -> None:
+    check, _ = _check()
+
+    def kernel_of_4(inputs: list[dict[str, Any]]) -> RunResults:
+        if inputs[0]["ids"].shape[1] < 4:
+            raise ExportError("M failed on inputs shaped {'ids': [2, 3]}: kernel size can't be greater")
+        return RunResults("eager:m", ["y"], [Sums().run(f) for f in inputs], inputs)
+
+    with pytest.raises(InputMismatch) as err:
+        DimsCheck(SIGNATURE, check.reference, kernel_of_4).prepare()
+    assert str(err.value) == (
+        "spec.inputs declares seq down to 3, but the source model fails there: M failed on inputs "
+        "shaped {'ids': [2, 3]}: kernel size can't be greater; raise that min in "
+        "spec.inputs[].dynamicDims (or `--dim NAME=MIN:OPT:MAX`) to the smallest size the model holds"
+    )
