@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kompile.api.spec import InputSpec, batch_dim
+from kompile.api.spec import DynamicDim, InputSpec, batch_dim
 from kompile.api.status import Thresholds
 from kompile.api.vocabulary import TaskKind
 from kompile.compile_jobs.backends.base import BackendError, Runner
@@ -40,36 +40,31 @@ from kompile.compile_jobs.run_results import RunResults, compare
 from kompile.compile_jobs.user_code import first_line
 
 
+def _held(signature: Sequence[InputSpec], feed: Feed) -> dict[str, tuple[int, DynamicDim]]:
+    """Each non-batch dynamic dim (by name, first declared) and the size the feed holds it at."""
+    batch = batch_dim(signature)
+    dims: dict[str, tuple[int, DynamicDim]] = {}
+    for spec in signature:
+        for d in spec.dynamic_dims or []:
+            if d.name != batch and d.name not in dims and spec.name in feed:
+                dims[d.name] = int(np.asarray(feed[spec.name]).shape[d.axis]), d
+    return dims
+
+
 def shorter_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
     """Each non-batch dynamic dim's size to check: half the size the reference inputs hold (their
     opt), not below the dim's min; a dim with no room below is left out."""
-    batch = batch_dim(signature)
-    sizes: dict[str, int] = {}
-    for spec in signature:
-        for d in spec.dynamic_dims or []:
-            if d.name == batch or d.name in sizes or spec.name not in feed:
-                continue
-            held = int(np.asarray(feed[spec.name]).shape[d.axis])
-            size = max(d.min, held // 2)
-            if size < held:
-                sizes[d.name] = size
-    return sizes
+    halves = {name: (held, max(d.min, held // 2)) for name, (held, d) in _held(signature, feed).items()}
+    return {name: size for name, (held, size) in halves.items() if size < held}
 
 
 def least_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
     """Each non-batch dynamic dim's min where it lies below the shorter size (a dim whose half opt
     is clipped to its min is held there already)."""
     shorter = shorter_sizes(signature, feed)
-    batch = batch_dim(signature)
-    sizes: dict[str, int] = {}
-    for spec in signature:
-        for d in spec.dynamic_dims or []:
-            if d.name == batch or d.name in sizes or spec.name not in feed:
-                continue
-            above = shorter.get(d.name, int(np.asarray(feed[spec.name]).shape[d.axis]))
-            if d.min < above:
-                sizes[d.name] = d.min
-    return sizes
+    return {
+        name: d.min for name, (held, d) in _held(signature, feed).items() if d.min < shorter.get(name, held)
+    }
 
 
 LONGER_GROWTH = 32
@@ -80,15 +75,7 @@ cost grows with it (a transformer's attention as its square), and so would every
 def longer_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
     """Each non-batch dynamic dim's max where it exceeds the size the reference inputs hold; where
     their growth together passes LONGER_GROWTH, each grows by the same factor up to it."""
-    batch = batch_dim(signature)
-    room: dict[str, tuple[int, int]] = {}
-    for spec in signature:
-        for d in spec.dynamic_dims or []:
-            if d.name == batch or d.name in room or spec.name not in feed:
-                continue
-            held = int(np.asarray(feed[spec.name]).shape[d.axis])
-            if d.max > held:
-                room[d.name] = held, d.max
+    room = {name: (held, d.max) for name, (held, d) in _held(signature, feed).items() if d.max > held}
     growth = float(np.prod([top / held for held, top in room.values()])) if room else 1.0
     factor = (LONGER_GROWTH / growth) ** (1 / len(room)) if growth > LONGER_GROWTH else 1.0
     return {name: min(top, max(held + 1, int(top * factor))) for name, (held, top) in room.items()}
