@@ -2,7 +2,10 @@
 size the benchmark times it at, not only at the batch its reference inputs hold (the batch dim's
 opt). A trace bakes in shape-dependent control flow of installed code (export.py lets those tracer
 warnings pass) and a compiler can get one shape wrong: right at opt and wrong at batch 8, an
-artifact timed at 8 could win a selection made there and be rolled out.
+artifact timed at 8 could win a selection made there and be rolled out. The batch dim's max is
+held too, at validation, where no benchmark batch is there: a server is sent batches up to it
+(Triton's max_batch_size), timed or not; a source that fails there refuses the spec before any
+compile (kompile.compile_jobs.dims_check holds the other dims' bounds the same way).
 
 The inputs at another batch are the reference inputs themselves, stacked along the batch axis and
 cycled to the size: a dataset's real samples stay real (random inputs would hold a quantized model
@@ -20,7 +23,9 @@ from kompile.api.spec import InputSpec, batch_dim
 from kompile.api.status import TargetStatus, Thresholds
 from kompile.api.vocabulary import TaskKind
 from kompile.compile_jobs.backends.base import BackendError, Runner
-from kompile.compile_jobs.inputs import Feed
+from kompile.compile_jobs.dims_check import LONGER_GROWTH, refusal
+from kompile.compile_jobs.export import ExportError
+from kompile.compile_jobs.inputs import Feed, InputMismatch
 from kompile.compile_jobs.run_results import RunResults, compare
 from kompile.compile_jobs.user_code import first_line
 
@@ -36,6 +41,44 @@ class BatchCheck:
     (kompile.compile_jobs.build.reference_results); its errors are the source's, not an artifact's."""
     task: TaskKind = "auto"
     _at: dict[int, tuple[Feed, RunResults]] = field(default_factory=dict)
+    largest_batch: int | None = None
+    """The batch dim's max (bounded at LONGER_GROWTH times the reference's batch) where no benchmark
+    batch holds it: held at validation (prepare())."""
+    unchecked: list[str] = field(default_factory=list)
+    """The batch sizes past that bound, and why."""
+
+    def largest(self, timed: Sequence[int]) -> int | None:
+        """The batch to hold every artifact at besides the timed ones: the batch dim's max (a
+        server is sent batches up to it: Triton's max_batch_size), at most LONGER_GROWTH times the
+        reference's batch; None where the reference or a timed batch is there already."""
+        checked, top = self.checked_batch, self._declared_max()
+        if checked is None or top is None:
+            return None
+        size = min(top, checked * LONGER_GROWTH)
+        return None if size <= checked or size in timed else size
+
+    def prepare(self, batch: int) -> None:
+        """The source's outputs at `batch` (from largest()), before any compile; the spec refused
+        where the source fails there."""
+        name, top = batch_dim(self.signature) or "batch", self._declared_max() or batch
+        try:
+            self._reference_at(batch)
+        except (InputMismatch, ExportError) as err:  # the source's own batch range is narrower
+            raise refusal("up to", {name: top}, {name: batch}, err) from None
+        self.largest_batch = batch
+        if batch < top:
+            self.unchecked.append(
+                f"batch {batch + 1} to {top}: past the {LONGER_GROWTH}x growth of the reference inputs "
+                "the check allows"
+            )
+
+    def _declared_max(self) -> int | None:
+        name = batch_dim(self.signature)
+        return next((d.max for d in self.signature[0].dynamic_dims or [] if d.name == name), None)
+
+    def at_largest(self, runner: Runner, thresholds: Thresholds) -> list[str]:
+        """What the artifact's outputs at the prepared largest batch miss; [] where none is."""
+        return [] if self.largest_batch is None else self.failures(self.largest_batch, runner, thresholds)
 
     @property
     def checked_batch(self) -> int | None:
@@ -82,8 +125,8 @@ class BatchCheck:
 
 
 def fail_at_other_sizes(status: TargetStatus, failures: list[str]) -> None:
-    """An artifact that validated at the reference inputs' sizes and misses at another batch or a
-    shorter dynamic dim (kompile.compile_jobs.dims_check): failed, like one that missed at the
+    """An artifact that validated at the reference inputs' sizes and misses at another batch or
+    another size of a dynamic dim (kompile.compile_jobs.dims_check): failed, like one that missed at the
     first, and without figures (it is never selected nor served)."""
     v = status.validation
     if v is not None:

@@ -32,7 +32,7 @@ from kompile.compile_jobs.backends.base import (
     Runner,
     get_backend,
 )
-from kompile.compile_jobs.batch_check import fail_at_other_sizes
+from kompile.compile_jobs.batch_check import BatchCheck, fail_at_other_sizes
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
 from kompile.compile_jobs.dims_check import DimsCheck
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16, local_cuda_class
@@ -76,7 +76,9 @@ class BuildContext:
     reference_runner: Runner | None = None
     """What runs an ONNX source as given (eager for a PyTorch source is ctx.loaded.module)."""
     dims: DimsCheck | None = None
-    """The reference at shorter sizes of the non-batch dynamic dims (None: not held there)."""
+    """The reference at other sizes of the non-batch dynamic dims (None: not held there)."""
+    batches: BatchCheck | None = None
+    """The reference at the batch max where no benchmark batch holds it (None: not held there)."""
 
     def build_dir(self, label: str) -> Path:
         return self.work_dir / "build" / label
@@ -579,20 +581,24 @@ def compare_step(ctx: BuildContext, target: Target, ts: TargetStatus, outputs: R
 
 
 def dims_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatus, label: str) -> None:
-    """Hold a validated artifact to the source at a shorter size and at the max of its dynamic dims
-    besides the batch (kompile.compile_jobs.dims_check): a miss fails it as one at opt would."""
-    if ctx.dims is None:
-        return
-    failures = ctx.dims.failures(runner, thresholds_of(ctx.cm, target))
-    for why in ctx.dims.unchecked:
+    """Hold a validated artifact to the source at the min, half the opt and the max of its dynamic
+    dims besides the batch (kompile.compile_jobs.dims_check) and at the batch max where no benchmark
+    batch holds it (kompile.compile_jobs.batch_check): a miss fails it as one at opt would."""
+    thresholds = thresholds_of(ctx.cm, target)
+    failures = ctx.dims.failures(runner, thresholds) if ctx.dims else []
+    batch = ctx.batches.at_largest(runner, thresholds) if ctx.batches else []
+    unchecked = [*(ctx.dims.unchecked if ctx.dims else []), *(ctx.batches.unchecked if ctx.batches else [])]
+    for why in unchecked:
         ctx.reporter.stage(label, f"not checked at {why}")
         if ts.validation is not None:
             ts.validation.not_checked_at.append(why)
-    if failures:
-        fail_at_other_sizes(ts, failures)
-        ctx.reporter.stage(label, f"failed validation {'; '.join(failures)}")
+    if failures or batch:
+        fail_at_other_sizes(ts, failures + batch)
+        ctx.reporter.stage(label, f"failed validation {'; '.join(failures + batch)}")
     elif ts.validation is not None:
-        ts.validation.checked_at += ctx.dims.checked
+        ts.validation.checked_at += ctx.dims.checked if ctx.dims else []
+        if ctx.batches and ctx.batches.largest_batch:
+            ts.validation.checked_at.append(f"batch {ctx.batches.largest_batch}")
 
 
 def package_step(

@@ -134,6 +134,18 @@ def describe(sizes: dict[str, int]) -> str:
     return ", ".join(f"{name} {size}" for name, size in sizes.items())
 
 
+def refusal(bound: str, declared: dict[str, int], sizes: dict[str, int], err: BaseException) -> InputMismatch:
+    """The spec refused: the source fails at a declared bound of its dynamic dims ('down to' a min,
+    'up to' a max, `declared`), run at `sizes` (the bound, or short of a max past LONGER_GROWTH)."""
+    fails = "there" if sizes == declared else f"at {describe(sizes)}"
+    change, most = ("raise that min", "smallest") if bound == "down to" else ("lower that max", "largest")
+    return InputMismatch(
+        f"spec.inputs declares {', '.join(f'{n} {bound} {m}' for n, m in declared.items())}, but the "
+        f"source model fails {fails}: {_what_failed(err)}; {change} in spec.inputs[].dynamicDims (or "
+        f"`--dim NAME=MIN:OPT:MAX`) to the {most} size the model holds"
+    )
+
+
 def _what_failed(err: BaseException) -> str:
     """The source's error without the hints it carries for a run's own inputs ('; check spec...')."""
     return first_line(err).split("; ")[0]
@@ -185,7 +197,7 @@ class DimsCheck:
             return
         least = least_sizes(self.signature, feeds[0])
         if least:
-            at = self._at_bound(least, [cut(feeds[0], self.signature, least)], "down to", "raise that min")
+            at = self._at_bound(least, [cut(feeds[0], self.signature, least)], "down to")
             self._keep(least, at, "cut to that size")
         shorter = shorter_sizes(self.signature, feeds[0])
         if shorter:
@@ -198,7 +210,7 @@ class DimsCheck:
         longer = longer_sizes(self.signature, feeds[0])
         if not longer:
             return
-        at = self._at_bound(longer, [extend(feeds[0], self.signature, longer)], "up to", "lower that max")
+        at = self._at_bound(longer, [extend(feeds[0], self.signature, longer)], "up to")
         self._keep(longer, at, "repeated to that size")
         declared = {d.name: d.max for s in self.signature for d in s.dynamic_dims or [] if d.name in longer}
         self.unchecked += [
@@ -208,7 +220,7 @@ class DimsCheck:
             if longer[name] < top
         ]
 
-    def _at_bound(self, sizes: dict[str, int], feeds: list[Feed], bound: str, change: str) -> RunResults:
+    def _at_bound(self, sizes: dict[str, int], feeds: list[Feed], bound: str) -> RunResults:
         """The source's outputs at a declared min ('down to') or max ('up to'); the spec refused where
         the source fails there (at a max past LONGER_GROWTH: at the size checked)."""
         try:
@@ -216,13 +228,7 @@ class DimsCheck:
         except (InputMismatch, ExportError) as err:
             dims = [d for s in self.signature for d in s.dynamic_dims or [] if d.name in sizes]
             declared = {d.name: d.min if bound == "down to" else d.max for d in dims}
-            fails = "there" if sizes == declared else f"at {describe(sizes)}"
-            least = "smallest" if bound == "down to" else "largest"
-            raise InputMismatch(
-                f"spec.inputs declares {', '.join(f'{n} {bound} {m}' for n, m in declared.items())}, but "
-                f"the source model fails {fails}: {_what_failed(err)}; {change} in spec.inputs[].dynamicDims "
-                f"(or `--dim NAME=MIN:OPT:MAX`) to the {least} size the model holds"
-            ) from None
+            raise refusal(bound, declared, sizes, err) from None
 
     def _keep(self, sizes: dict[str, int], at: RunResults, how: str) -> None:
         if at.nonfinite():  # no artifact can match NaN (a masked mean over a row the cut left empty)

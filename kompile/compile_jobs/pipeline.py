@@ -180,11 +180,17 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         )
 
     ctx.dims = DimsCheck(spec.inputs, reference, source_on, spec.validation.task)
-    if other := ctx.dims.planned():
-        reporter.stage(None, f"computing reference outputs at {other}")
-    ctx.dims.prepare()  # before any compile: a declared max the source fails at refuses the spec
-    planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     check = BatchCheck(spec.inputs, reference, source_on, spec.validation.task)
+    largest = check.largest(_batch_sizes(cm, targets))
+    other = [ctx.dims.planned(), f"batch {largest}" if largest else ""]
+    if any(other):
+        reporter.stage(None, f"computing reference outputs at {' and '.join(o for o in other if o)}")
+    # Before any compile: a declared bound the source fails at refuses the spec.
+    ctx.dims.prepare()
+    if largest:
+        check.prepare(largest)
+        ctx.batches = check
+    planned = [plan_target(ctx, t, _device(t, opts)) for t in targets]
     status.baselines = _benchmark(cm, loaded, reference_runner, planned, targets, reporter, check)
     result = PipelineResult(status=status, lineage=loaded.lineage)
     for p in planned:

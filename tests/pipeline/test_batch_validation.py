@@ -15,7 +15,7 @@ import yaml
 from tests.pipeline.conftest import installed_module, small_cnn_doc
 
 # A library step that centres a batch and skips it for a single sample: traced at batch 1, the
-# graph never centres, which is right at batch 1 and wrong at any other.
+# graph never centres, which is right at batch 1 and wrong at any other. Single: one row only.
 BATCHY = """
 import torch
 
@@ -33,21 +33,36 @@ class Centred(torch.nn.Module):
         return y - y.mean(0, keepdim=True)
 
 
+class Single(Centred):
+    def forward(self, x):
+        return self.fc(x).reshape(1, 4)
+
+
 def model():
     return Centred().eval()
+
+
+def single():
+    return Single().eval()
+
+
+def plain():
+    return torch.nn.Sequential(torch.nn.Linear(8, 4)).eval()
 """
 
 
-def _manifest(tmp_path: Path, batch_sizes: list[int], **spec: Any) -> Path:
+def _manifest(
+    tmp_path: Path, batch_sizes: list[int], factory: str = "model", top: int = 8, **spec: Any
+) -> Path:
     """The model as installed code: the trace's warnings from a site-packages file are let pass."""
     folder = installed_module(tmp_path, "batchy", BATCHY)
     doc = small_cnn_doc(
-        source={"uri": "python://batchy:model"},
+        source={"uri": f"python://batchy:{factory}"},
         inputs=[
             {
                 "name": "x",
                 "shape": [-1, 8],
-                "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
+                "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": top}],
             }
         ],
         benchmark={"batchSizes": batch_sizes, "warmup": 1, "iterations": 3},
@@ -60,7 +75,7 @@ def _manifest(tmp_path: Path, batch_sizes: list[int], **spec: Any) -> Path:
 
 
 def test_an_artifact_wrong_at_another_benchmark_batch_fails_validation(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    res = kompile_run(_manifest(tmp_path, [1, 4]), "--no-register")
+    res = kompile_run(_manifest(tmp_path, [1, 4], top=4), "--no-register")  # timed at its max
     (t,) = res.status["targets"]
     assert t["phase"] == "Failed" and t["reason"] == "ValidationFailed", t
     assert "at batch 4" in t["message"], t["message"]
@@ -69,12 +84,30 @@ def test_an_artifact_wrong_at_another_benchmark_batch_fails_validation(kompile_r
     assert res.code != 0
 
 
-def test_the_opt_batch_alone_is_checked_as_before(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Timed at batch 1 only, the trace is right everywhere it runs: it passes."""
+def test_an_artifact_timed_at_the_opt_batch_alone_is_held_at_the_batch_max(
+    kompile_run, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Found by reading: timed at batch 1 only, the artifact was held there only, and served to
+    batches up to the signature's max (Triton's max_batch_size 8), where the trace is wrong."""
     res = kompile_run(_manifest(tmp_path, [1]), "--no-register")
+    (t,) = res.status["targets"]
+    assert t["phase"] == "Failed" and t["reason"] == "ValidationFailed", t
+    assert t["message"].startswith("at batch 8: "), t["message"]
+    assert res.code != 0
+
+
+def test_a_batch_max_the_source_cannot_run_is_refused_before_any_compile(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    res = kompile_run(_manifest(tmp_path, [1], factory="single"), "--no-register")
+    assert res.code == 2, res.stderr
+    assert "spec.inputs declares batch up to 8, but the source model fails there: " in res.stderr
+    assert "compiling" not in res.stderr, res.stderr
+
+
+def test_an_artifact_right_at_every_batch_records_the_max_it_was_held_at(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    res = kompile_run(_manifest(tmp_path, [1], factory="plain"), "--no-register")
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
-    assert t["phase"] == "Succeeded", t.get("message")
+    assert t["validation"]["checkedAt"] == ["batch 8"], t["validation"]
 
 
 def test_a_selection_made_at_another_batch_never_picks_a_wrong_candidate(kompile_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -86,7 +119,7 @@ def test_a_selection_made_at_another_batch_never_picks_a_wrong_candidate(kompile
         "candidates": [{"backend": "onnxruntime"}, {"backend": "openvino"}],
         "selection": {"policy": "minLatency", "batchSize": 4},
     }
-    res = kompile_run(_manifest(tmp_path, [1], targets=[target]), "--no-register")
+    res = kompile_run(_manifest(tmp_path, [1], top=4, targets=[target]), "--no-register")
     (t,) = res.status["targets"]
     assert t["phase"] == "Failed", t
     assert t["candidates"], t

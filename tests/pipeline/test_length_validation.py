@@ -161,7 +161,7 @@ def test_a_max_beyond_what_the_model_holds_is_refused_before_any_compile(kompile
     fits = kompile_run(_manifest(tmp_path, {"min": 4, "opt": 16, "max": 24}, "positioned"), "--no-register")
     assert fits.code == 0, fits.stderr
     (t,) = fits.status["targets"]
-    assert t["validation"]["checkedAt"] == ["seq 4", "seq 8", "seq 24"]
+    assert t["validation"]["checkedAt"] == ["seq 4", "seq 8", "seq 24", "batch 4"]
 
 
 def test_an_artifact_wrong_at_the_declared_min_fails_and_a_min_the_model_cannot_run_is_refused(  # type: ignore[no-untyped-def]
@@ -188,7 +188,12 @@ def test_a_range_that_never_leaves_the_traced_branch_passes(kompile_run, tmp_pat
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
-    assert t["validation"]["checkedAt"] == ["seq 14", "seq 32", "batch 2"]  # half of 16 is below the min
+    assert t["validation"]["checkedAt"] == [
+        "seq 14",
+        "seq 32",
+        "batch 4",
+        "batch 2",
+    ]  # half of 16 is below the min
 
 
 def _masked_mean(tmp_path: Path, mask: Any) -> Path:
@@ -240,7 +245,7 @@ def test_a_size_the_source_gives_nan_at_is_listed_as_not_checked(kompile_run, tm
     assert res.code == 0, res.stderr
     (t,) = res.status["targets"]
     assert t["phase"] == "Succeeded", t.get("message")
-    assert t["validation"]["checkedAt"] == ["seq 32"]
+    assert t["validation"]["checkedAt"] == ["seq 32", "batch 4"]
     assert [why[:7] for why in t["validation"]["notCheckedAt"]] == ["seq 4: ", "seq 8: "]
     assert all("NaN or Inf" in why for why in t["validation"]["notCheckedAt"])
     assert "not checked at seq 8" in res.stderr

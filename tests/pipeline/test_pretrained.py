@@ -199,7 +199,7 @@ def test_real_minilm_on_sentences_padded_on_the_left(kompile_run, write_manifest
     fp32 = _candidates(res)["onnxruntime-fp32"]
     assert fp32["phase"] == "Succeeded" and fp32["selected"], fp32
     (t,) = res.status["targets"]
-    assert t["validation"]["checkedAt"] == ["sequence 1", "sequence 16", "sequence 256"]
+    assert t["validation"]["checkedAt"] == ["sequence 1", "sequence 16", "sequence 256", "batch 32"]
 
 
 def test_real_minilm_declared_past_its_512_positions_is_refused(kompile_run, write_manifest) -> None:  # type: ignore[no-untyped-def]

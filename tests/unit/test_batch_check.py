@@ -9,6 +9,7 @@ import numpy as np
 
 from kompile.api.spec import InputSpec
 from kompile.compile_jobs.batch_check import BatchCheck
+from kompile.compile_jobs.dims_check import LONGER_GROWTH
 from kompile.compile_jobs.run_results import RunResults
 from kompile.compile_jobs.validate import default_thresholds
 
@@ -99,3 +100,42 @@ def test_an_artifact_failing_at_a_batch_misses_and_the_source_failing_raises() -
     broken = BatchCheck(SIGNATURE, check.reference, source_refuses)
     with pytest.raises(ValueError, match="the source model failed"):  # the source's, not the artifact's
         broken.failures(4, Doubles(), default_thresholds("fp32"))
+
+
+def test_the_batch_max_is_checked_unless_timed_or_past_the_growth_bound() -> None:
+    check, _ = _check()
+    assert check.largest([1]) == 8  # the declared max, timed nowhere
+    assert check.largest([1, 8]) is None  # the benchmark holds it there
+    wide = [
+        InputSpec.model_validate(
+            {
+                **SIGNATURE[0].to_wire(),
+                "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 256}],
+            }
+        ),
+        SIGNATURE[1],
+    ]
+    assert BatchCheck(wide, check.reference, check.reference_of).largest([1]) == LONGER_GROWTH
+
+
+def test_a_source_failing_at_the_batch_max_refuses_the_spec() -> None:
+    import pytest
+
+    from kompile.compile_jobs.inputs import InputMismatch
+
+    check, _ = _check()
+
+    def one_row(inputs: list[dict[str, Any]]) -> RunResults:
+        if inputs[0]["x"].shape[0] > 1:
+            raise InputMismatch(
+                "the source model m failed on inputs shaped [8, 3]: view(1, -1); check spec.inputs"
+            )
+        return check.reference_of(inputs)
+
+    with pytest.raises(InputMismatch) as err:
+        BatchCheck(SIGNATURE, check.reference, one_row).prepare(8)
+    assert str(err.value) == (
+        "spec.inputs declares batch up to 8, but the source model fails there: the source model m failed on "
+        "inputs shaped [8, 3]: view(1, -1); lower that max in spec.inputs[].dynamicDims (or `--dim "
+        "NAME=MIN:OPT:MAX`) to the largest size the model holds"
+    )
