@@ -139,11 +139,20 @@ def refusal(bound: str, declared: dict[str, int], sizes: dict[str, int], err: Ba
     'up to' a max, `declared`), run at `sizes` (the bound, or short of a max past LONGER_GROWTH)."""
     fails = "there" if sizes == declared else f"at {describe(sizes)}"
     change, most = ("raise that min", "smallest") if bound == "down to" else ("lower that max", "largest")
+    hint = _GUARD_HINT if "Guard failed" in str(err) else ""
     return InputMismatch(
         f"spec.inputs declares {', '.join(f'{n} {bound} {m}' for n, m in declared.items())}, but the "
-        f"source model fails {fails}: {_what_failed(err)}; {change} in spec.inputs[].dynamicDims (or "
-        f"`--dim NAME=MIN:OPT:MAX`) to the {most} size the model holds"
+        f"source model fails {fails}: {_what_failed(err)}{hint}; "
+        f"{change} in spec.inputs[].dynamicDims (or `--dim NAME=MIN:OPT:MAX`) to the {most} size the "
+        "model holds"
     )
+
+
+_GUARD_HINT = (
+    " (a torch.export program traced with that size fixed: export it again with dynamic_shapes; "
+    "MLflow 3's log_model exports each dim its input_example holds at 1 as fixed, so log it with "
+    "an input_example of 2 or more rows)"
+)
 
 
 def _what_failed(err: BaseException) -> str:

@@ -206,14 +206,24 @@ def test_mlflow_model_source_links_lineage(kompile_run, write_manifest, tmp_path
     mlflow.set_tracking_uri(uri)
     exp = mlflow.create_experiment("training", artifact_location=(tmp_path / "training").as_uri())
     with mlflow.start_run(experiment_id=exp):
-        example = np.zeros((1, 3, 32, 32), np.float32)
-        mlflow.pytorch.log_model(
-            small_cnn(), name="model", registered_model_name="small-trained", input_example=example
-        )
+        # MLflow 3 logs it with torch.export at the example's shapes: 2 rows keep the batch dynamic.
+        for rows in (2, 1):
+            example = np.zeros((rows, 3, 32, 32), np.float32)
+            mlflow.pytorch.log_model(
+                small_cnn(), name="model", registered_model_name="small-trained", input_example=example
+            )
     doc = small_cnn_doc(source={"uri": "models:/small-trained/1"}, registry={"trackingUri": uri})
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # set by mlflow.set_tracking_uri above: kompile must not
     res = kompile_run(write_manifest(doc))
     assert res.code == 0, res.stderr
+    # Found when the batch max was first held: logged from one row, its batch is static, and a
+    # spec declaring it up to 16 is refused, saying how to log it again.
+    one_row = kompile_run(
+        write_manifest({**doc, "spec": {**doc["spec"], "source": {"uri": "models:/small-trained/2"}}})
+    )
+    assert one_row.code == 2, one_row.stderr
+    assert "spec.inputs declares batch up to 16, but the source model fails there" in one_row.stderr
+    assert "an input_example of 2 or more rows" in one_row.stderr, one_row.stderr
     assert "MLFLOW_TRACKING_URI" not in os.environ  # the source loader passed the URI, set nothing
     assert res.status["sourceDigest"].startswith("sha256:")
     (version,) = MlflowClient(tracking_uri=uri).search_model_versions("name='small'")
