@@ -219,6 +219,11 @@ def batch_dim(signature: Sequence[InputSpec]) -> str | None:
     return None
 
 
+def batch_max(signature: Sequence[InputSpec]) -> int | None:
+    """The largest batch the signature declares (its batch dim's max); None without a batch dim."""
+    return next((d.max for d in signature[0].dynamic_dims or [] if d.axis == 0), None)
+
+
 def static_batch(signature: Sequence[InputSpec]) -> int | None:
     """The one batch a signature without a dynamic batch dim runs at: its first input's leading dim
     (1 for a single vector). None when the batch is dynamic."""

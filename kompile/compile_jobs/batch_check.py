@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kompile.api.spec import InputSpec, batch_dim
+from kompile.api.spec import InputSpec, batch_dim, batch_max
 from kompile.api.status import TargetStatus, Thresholds
 from kompile.api.vocabulary import TaskKind
 from kompile.compile_jobs.backends.base import BackendError, Runner
-from kompile.compile_jobs.dims_check import LONGER_GROWTH, refusal
+from kompile.compile_jobs.dims_check import LONGER_GROWTH, past_growth, refusal
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import Feed, InputMismatch
 from kompile.compile_jobs.run_results import RunResults, compare
@@ -51,7 +51,7 @@ class BatchCheck:
         """The batch to hold every artifact at besides the timed ones: the batch dim's max (a
         server is sent batches up to it: Triton's max_batch_size), at most LONGER_GROWTH times the
         reference's batch; None where the reference or a timed batch is there already."""
-        checked, top = self.checked_batch, self._declared_max()
+        checked, top = self.checked_batch, batch_max(self.signature)
         if checked is None or top is None:
             return None
         size = min(top, checked * LONGER_GROWTH)
@@ -60,21 +60,14 @@ class BatchCheck:
     def prepare(self, batch: int) -> None:
         """The source's outputs at `batch` (from largest()), before any compile; the spec refused
         where the source fails there."""
-        name, top = batch_dim(self.signature) or "batch", self._declared_max() or batch
+        name, top = batch_dim(self.signature) or "batch", batch_max(self.signature) or batch
         try:
             self._reference_at(batch)
         except (InputMismatch, ExportError) as err:  # the source's own batch range is narrower
             raise refusal("up to", {name: top}, {name: batch}, err) from None
         self.largest_batch = batch
         if batch < top:
-            self.unchecked.append(
-                f"batch {batch + 1} to {top}: past the {LONGER_GROWTH}x growth of the reference inputs "
-                "the check allows"
-            )
-
-    def _declared_max(self) -> int | None:
-        name = batch_dim(self.signature)
-        return next((d.max for d in self.signature[0].dynamic_dims or [] if d.name == name), None)
+            self.unchecked.append(past_growth("batch", batch, top))
 
     def at_largest(self, runner: Runner, thresholds: Thresholds) -> list[str]:
         """What the artifact's outputs at the prepared largest batch miss; [] where none is."""

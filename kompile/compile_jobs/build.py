@@ -18,7 +18,7 @@ from kompile.api.candidates import candidate_targets, is_generated, is_multi
 from kompile.api.catalog import AUTO, CATALOG, OptionsError, auto_left_out, entry
 from kompile.api.job_contract import JobDeadline
 from kompile.api.resource import CompiledModel
-from kompile.api.spec import InputSpec, Selection, Target, Validation
+from kompile.api.spec import InputSpec, Selection, Target, Validation, batch_max
 from kompile.api.status import CANDIDATES_MAX, Artifact, TargetStatus, Thresholds
 from kompile.api.vocabulary import NAME_MAX
 from kompile.compile_jobs import export, sources, timing, triton, validate
@@ -630,7 +630,7 @@ def package_step(
             serving.triton_platform,
             in_specs,
             out_specs,
-            _max_batch(cm),
+            batch_max(cm.spec.inputs) or 0,
             "KIND_GPU" if device == "cuda" else "KIND_CPU",
             backend=serving.triton_backend,
             cuda_graphs=artifact.options.get("cudaGraphs") == "true",
@@ -643,11 +643,3 @@ def package_step(
     size = sum(path.stat().st_size for path, _ in files)
     ts.artifact = Artifact(uri=repo_root.resolve().as_uri(), digest=digest, size_bytes=size)
     return repo_root
-
-
-def _max_batch(cm: CompiledModel) -> int:
-    first = cm.spec.inputs[0]
-    for d in first.dynamic_dims or []:
-        if d.axis == 0:
-            return d.max
-    return 0

@@ -62,9 +62,8 @@ def least_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
     """Each non-batch dynamic dim's min where it lies below the shorter size (a dim whose half opt
     is clipped to its min is held there already)."""
     shorter = shorter_sizes(signature, feed)
-    return {
-        name: d.min for name, (held, d) in _held(signature, feed).items() if d.min < shorter.get(name, held)
-    }
+    held = _held(signature, feed)
+    return {name: d.min for name, (size, d) in held.items() if d.min < shorter.get(name, size)}
 
 
 LONGER_GROWTH = 32
@@ -97,25 +96,10 @@ def _left_padded(feed: Feed, signature: Sequence[InputSpec]) -> set[str]:
     return dims
 
 
-def cut(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
-    """The feed's leading `sizes[name]` entries along each axis of a dim named in `sizes`; its last
-    ones along a dim its padding mask pads on the left, where a short row's tokens are."""
-    tail = _left_padded(feed, signature)
-    out: Feed = {}
-    for spec in signature:
-        arr = np.asarray(feed[spec.name])
-        index = [slice(None)] * arr.ndim
-        for d in spec.dynamic_dims or []:
-            if d.name in sizes:
-                n = sizes[d.name]
-                index[d.axis] = slice(arr.shape[d.axis] - n, None) if d.name in tail else slice(0, n)
-        out[spec.name] = np.ascontiguousarray(arr[tuple(index)])
-    return out
-
-
-def extend(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
-    """The feed repeated along each axis of a dim named in `sizes` up to that size: each row first
-    as it was; last as it was along a dim its padding mask pads on the left."""
+def resize(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
+    """The feed at `sizes[name]` along each axis of a dim named in `sizes`: cut to its leading
+    entries, or repeated up to the size with each row first as it was. Along a dim its padding mask
+    pads on the left, the row's end stays (the last entries, where a short row's tokens are)."""
     tail = _left_padded(feed, signature)
     out: Feed = {}
     for spec in signature:
@@ -153,6 +137,14 @@ _GUARD_HINT = (
     "MLflow 3's log_model exports each dim its input_example holds at 1 as fixed, so log it with "
     "an input_example of 2 or more rows)"
 )
+
+
+def past_growth(name: str, checked: int, top: int) -> str:
+    """notCheckedAt's entry for the sizes of a dim above the largest LONGER_GROWTH lets it be held at."""
+    return (
+        f"{name} {checked + 1} to {top}: past the {LONGER_GROWTH}x growth of the reference inputs "
+        "the check allows"
+    )
 
 
 def _what_failed(err: BaseException) -> str:
@@ -206,12 +198,12 @@ class DimsCheck:
             return
         least = least_sizes(self.signature, feeds[0])
         if least:
-            at = self._at_bound(least, [cut(feeds[0], self.signature, least)], "down to")
+            at = self._at_bound(least, [resize(feeds[0], self.signature, least)], "down to")
             self._keep(least, at, "cut to that size")
         shorter = shorter_sizes(self.signature, feeds[0])
         if shorter:
             try:
-                at = self.reference_of([cut(f, self.signature, shorter) for f in feeds])
+                at = self.reference_of([resize(f, self.signature, shorter) for f in feeds])
             except (InputMismatch, ExportError) as err:  # the source's own range is narrower than declared
                 self.unchecked.append(f"{describe(shorter)}: {_what_failed(err)}")
             else:
@@ -219,15 +211,10 @@ class DimsCheck:
         longer = longer_sizes(self.signature, feeds[0])
         if not longer:
             return
-        at = self._at_bound(longer, [extend(feeds[0], self.signature, longer)], "up to")
+        at = self._at_bound(longer, [resize(feeds[0], self.signature, longer)], "up to")
         self._keep(longer, at, "repeated to that size")
-        declared = {d.name: d.max for s in self.signature for d in s.dynamic_dims or [] if d.name in longer}
-        self.unchecked += [
-            f"{name} {longer[name] + 1} to {top}: past the {LONGER_GROWTH}x growth of the reference inputs "
-            "the check allows"
-            for name, top in declared.items()
-            if longer[name] < top
-        ]
+        declared = self._declared(longer, "up to")
+        self.unchecked += [past_growth(n, longer[n], top) for n, top in declared.items() if longer[n] < top]
 
     def _at_bound(self, sizes: dict[str, int], feeds: list[Feed], bound: str) -> RunResults:
         """The source's outputs at a declared min ('down to') or max ('up to'); the spec refused where
@@ -235,9 +222,12 @@ class DimsCheck:
         try:
             return self.reference_of(feeds)
         except (InputMismatch, ExportError) as err:
-            dims = [d for s in self.signature for d in s.dynamic_dims or [] if d.name in sizes]
-            declared = {d.name: d.min if bound == "down to" else d.max for d in dims}
-            raise refusal(bound, declared, sizes, err) from None
+            raise refusal(bound, self._declared(sizes, bound), sizes, err) from None
+
+    def _declared(self, sizes: dict[str, int], bound: str) -> dict[str, int]:
+        """Each dim in `sizes` at its declared min ('down to') or max ('up to')."""
+        dims = _held(self.signature, self.reference.inputs[0])
+        return {n: dims[n][1].min if bound == "down to" else dims[n][1].max for n in sizes}
 
     def _keep(self, sizes: dict[str, int], at: RunResults, how: str) -> None:
         if at.nonfinite():  # no artifact can match NaN (a masked mean over a row the cut left empty)

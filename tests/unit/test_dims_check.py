@@ -13,10 +13,9 @@ from kompile.api.spec import InputSpec
 from kompile.compile_jobs.dims_check import (
     LONGER_GROWTH,
     DimsCheck,
-    cut,
-    extend,
     least_sizes,
     longer_sizes,
+    resize,
     shorter_sizes,
 )
 from kompile.compile_jobs.export import ExportError
@@ -87,7 +86,7 @@ def test_each_non_batch_dim_is_checked_at_half_its_opt_but_not_below_its_min() -
 
 def test_the_cut_keeps_the_leading_tokens_of_every_input_sharing_the_dim() -> None:
     feed = _feed(0)
-    short = cut(feed, SIGNATURE, {"seq": 8})
+    short = resize(feed, SIGNATURE, {"seq": 8})
     assert short["ids"].shape == (2, 8) and short["attention_mask"].shape == (2, 8)
     np.testing.assert_array_equal(short["ids"], feed["ids"][:, :8])
     assert short["attention_mask"].sum(1).min() > 0  # a right-padded row keeps tokens to attend to
@@ -161,7 +160,7 @@ def test_a_left_padded_batch_keeps_its_last_tokens_whatever_the_mask_marks() -> 
         ("src_key_padding_mask", "bool", ones == 0),  # True marks the padding
     ):
         signature, feed = _masked(name, dtype, mask)
-        short = cut(feed, signature, {"seq": 3})
+        short = resize(feed, signature, {"seq": 3})
         np.testing.assert_array_equal(short["ids"], feed["ids"][:, 3:], err_msg=f"{name} {dtype}")
         np.testing.assert_array_equal(short[name], mask[:, 3:], err_msg=f"{name} {dtype}")
 
@@ -176,7 +175,7 @@ def test_a_right_padded_or_unpadded_batch_keeps_its_first_tokens() -> None:
         ("attention_mask", "int64", np.ones((2, 6), np.int64)),
     ):
         signature, feed = _masked(name, dtype, mask)
-        np.testing.assert_array_equal(cut(feed, signature, {"seq": 3})["ids"], feed["ids"][:, :3])
+        np.testing.assert_array_equal(resize(feed, signature, {"seq": 3})["ids"], feed["ids"][:, :3])
 
 
 def test_a_source_giving_nan_at_the_shorter_size_skips_the_check() -> None:
@@ -201,7 +200,7 @@ def test_each_non_batch_dim_is_also_checked_at_its_max_within_the_growth_bound()
 
 def test_the_longer_inputs_repeat_each_row_along_the_dim() -> None:
     feed = _feed(0)
-    long = extend(feed, SIGNATURE, {"seq": 40})
+    long = resize(feed, SIGNATURE, {"seq": 40})
     assert long["ids"].shape == (2, 40) and long["attention_mask"].shape == (2, 40)
     np.testing.assert_array_equal(long["ids"][:, :16], feed["ids"])  # the row first, as it was
     np.testing.assert_array_equal(long["ids"][:, 16:32], feed["ids"])
@@ -210,7 +209,7 @@ def test_the_longer_inputs_repeat_each_row_along_the_dim() -> None:
     signature, masked = _masked("attention_mask", "int64", np.pad(left, ((0, 0), (2, 0))))
     # a row padded on the left ends as it did: its last token stays last
     np.testing.assert_array_equal(
-        extend(masked, signature, {"seq": 8})["attention_mask"][:, -6:], masked["attention_mask"]
+        resize(masked, signature, {"seq": 8})["attention_mask"][:, -6:], masked["attention_mask"]
     )
 
 
