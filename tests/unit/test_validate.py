@@ -295,3 +295,24 @@ def test_the_gate_fails_an_artifact_that_ignores_the_attention_mask() -> None:
     assert compare(reference, reference, ["hidden"], default_thresholds("fp32")).passed
     verdict = compare(reference, maskless, ["hidden"], default_thresholds("fp32"))
     assert not verdict.passed and "max abs error" in verdict.failures[0], verdict.failures
+
+
+def test_outputs_with_no_rows_compare_as_equal_and_a_changed_count_fails() -> None:
+    """A detector returns [detections, 4] boxes, and an image with nothing above its score threshold
+    gives zero rows: reshaping (0, 4) to rows crashed the gate ("cannot reshape array of size 0")."""
+    empty = [np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), np.zeros((0,), np.int64)]
+    found = [np.ones((2, 4), np.float32), np.array([0.9, 0.5], np.float32), np.array([1, 3], np.int64)]
+    ref = [empty, found]
+    names = ["boxes", "scores", "labels"]
+    verdict = compare(ref, [[a.copy() for a in s] for s in ref], names, default_thresholds("fp32"))
+    assert verdict.passed, verdict.failures
+    assert [c.cosine for c in verdict.outputs] == pytest.approx([1.0, 1.0, 1.0])
+    # One more detection in the artifact is a different answer, said as such.
+    more = [np.ones((1, 4), np.float32), np.array([0.2], np.float32), np.array([2], np.int64)]
+    missed = compare(ref, [more, found], names, default_thresholds("fp32"))
+    assert not missed.passed
+    assert "output 'boxes' sample 0: shape [1, 4] does not match the source model's [0, 4]" in missed.failures
+    # Told once for the samples that differ alike, not once per sample.
+    off = compare([empty] * 4, [more] * 3 + [empty], names, default_thresholds("fp32"))
+    assert "output 'scores' samples 0-2: shape [1] does not match the source model's [0]" in off.failures
+    assert len(off.failures) == 3
