@@ -77,6 +77,9 @@ class BuildContext:
     """What runs an ONNX source as given (eager for a PyTorch source is ctx.loaded.module)."""
     dims: DimsCheck | None = None
     """The reference at other sizes of the non-batch dynamic dims (None: not held there)."""
+    export_error: str | None = None
+    """Why the PyTorch source has no ONNX export (None: it has one, or none was needed): each
+    candidate of a backend that compiles ONNX fails with it (ExportFailed)."""
     batches: BatchCheck | None = None
     """The reference at the batch max where no benchmark batch holds it (None: not held there)."""
 
@@ -239,6 +242,10 @@ class _Tournament:
                 ts.not_offered.append(f"{what}: {skip[1]}")
             return None, cs
         if len(planned.candidates) >= CANDIDATES_MAX:
+            return None, cs
+        if skip is None and ctx.export_error and entry(cand.backend).consumes == "onnx":
+            cs.phase, cs.reason, cs.message = "Failed", "ExportFailed", ctx.export_error
+            planned.candidates.append(cs)
             return None, cs
         spent = time.monotonic() - self.started
         if skip is None and planned.candidates and spent > self.budget:

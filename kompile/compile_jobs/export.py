@@ -149,9 +149,11 @@ def eager_callable(module: Any, feed: Feed, signature: Sequence[InputSpec]) -> A
     return call
 
 
-def _construct(err: BaseException) -> str:
+def describe_failure(err: BaseException) -> str:
     """The unexportable construct and where it sits, from a tracer or exporter message."""
-    text = str(err)
+    text = _ANSI.sub("", str(err))
+    if (summary := _exporter_summary(text)) is not None:
+        return summary
     op = re.search(r"operator '([^']+)'", text) or re.search(r"((?:aten|quantized)::[A-Za-z0-9_.]+)", text)
     if op and op.group(1).startswith("quantized::"):
         return (
@@ -163,6 +165,31 @@ def _construct(err: BaseException) -> str:
     if op:
         return f"operator {op.group(1)} has no ONNX conversion at opset {OPSET}"
     return first_line(err)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torch.onnx colours its messages for a terminal
+_NO_ONNX_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)'")
+
+
+def _exporter_summary(text: str) -> str | None:
+    """torch.onnx's dynamo exporter says which of its steps failed, then next steps for torch's
+    developers, and the cause last, under "## Exception summary" (chained causes joined by an
+    arrow, the root first): the step and the root cause, or None for another message."""
+    if "## Exception summary" not in text:
+        return None
+    headline = text.split(". ", 1)[0].strip()
+    step = re.search(r"step (\d+/\d+)", text)
+    summary = text.split("## Exception summary", 1)[1].split("(Refer to the full stack trace", 1)[0]
+    causes = [c.strip() for c in summary.split("\u2b06\ufe0f") if c.strip()]
+    root = re.sub(r"^<class '(?:[\w.]+\.)?(\w+)'>:\s*", r"\1: ", causes[0]) if causes else "no cause given"
+    where = f"torch.onnx {'step ' + step.group(1) if step else 'export'} ({headline})"
+    if op := _NO_ONNX_FUNCTION.search(text):
+        return (
+            f"operator {op.group(1)} has no ONNX conversion ({where}): register one in "
+            "torch.onnx.export's custom_translation_table and export the model to ONNX yourself, or "
+            "use a backend that compiles the PyTorch model itself (inductor)"
+        )
+    return f"{where}: {root.splitlines()[0]}"
 
 
 def names_for_outputs(count: int, module: Any = None, inputs: Sequence[str] = ()) -> list[str]:
@@ -254,7 +281,7 @@ def export_onnx(
                 dynamo=False,
             )
         except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
-            raise ExportError(f"cannot export {label} to ONNX: {_construct(err)}") from None
+            raise ExportError(f"cannot export {label} to ONNX: {describe_failure(err)}") from None
     # Installed libraries (transformers' mask helpers) warn on shape arithmetic that the dynamic
     # axes cover; validation against eager still checks their graph. Value-dependent control flow
     # in the user's own model code is what a trace gets wrong silently: that one is refused.
@@ -354,7 +381,7 @@ def _export_program(
                 verbose=False,  # its "[torch.onnx] ... ✅" lines: the pipeline says "exporting" once
             )
     except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
-        raise ExportError(f"cannot export {label} to ONNX: {_construct(err)}") from None
+        raise ExportError(f"cannot export {label} to ONNX: {describe_failure(err)}") from None
     if dropped:
         _drop_outputs(out_path, dropped)
     return out_path, output_names

@@ -142,7 +142,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         from kompile.compile_jobs.source_module import adapt
 
         loaded.module = adapt(loaded.module, spec.inputs, export.to_torch(feeds[0], spec.inputs))
-    onnx_path = _export_if_consumed(cm, loaded, targets, feeds, opts, reporter)
+    onnx_path, export_error = _export_if_consumed(cm, loaded, targets, feeds, opts, reporter)
     # An ONNX source's reference is the file as given, not the working copy the backends compile.
     reference_runner = (
         None
@@ -172,6 +172,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         residency=Residency.for_run(weights_bytes(loaded.module, onnx_path), limit),
         deadline=opts.deadline,
         reference_runner=reference_runner,
+        export_error=export_error,
     )
 
     def source_on(more: list[inputs.Feed]) -> RunResults:
@@ -226,23 +227,31 @@ def _export_if_consumed(
     feeds: list[inputs.Feed],
     opts: PipelineOptions,
     reporter: Reporter,
-) -> Path | None:
+) -> tuple[Path | None, str | None]:
     """The ONNX export, made only when the source is ONNX or a backend of the run compiles ONNX
     (the catalog says which): a run of torch-consuming backends neither pays for the export nor
-    fails on what it cannot hold."""
+    fails on what it cannot hold. Where the export of a PyTorch source fails and a backend of the
+    run compiles the PyTorch model itself, the run goes on without it: the export's error is
+    returned for each ONNX backend's candidate to tell (ExportFailed)."""
     arch = opts.arch or local_arch()
-    consumers = {
-        b for t in targets for b in backends_of(t, _device(t, opts), arch) if entry(b).consumes == "onnx"
-    }
+    used = {b for t in targets for b in backends_of(t, _device(t, opts), arch)}
+    consumers = {b for b in used if entry(b).consumes == "onnx"}
     if loaded.module is not None and not consumers:
-        return None
+        return None, None
     if loaded.onnx_path is not None:
         reporter.stage(None, f"reading the ONNX graph of {loaded.label}")
     else:
         reporter.stage(None, f"exporting {loaded.label} to ONNX")
     out = opts.work_dir / EXPORT_DIR / "model.onnx"
-    path, _ = export.export_onnx(loaded, cm.spec.inputs, feeds[0], out, lambda m: reporter.stage(None, m))
-    return path
+    try:
+        path, _ = export.export_onnx(loaded, cm.spec.inputs, feeds[0], out, lambda m: reporter.stage(None, m))
+    except export.ExportError as err:
+        direct = sorted(b for b in used if entry(b).consumes == "torch" and not entry(b).stand_in)
+        if loaded.module is None or not direct:
+            raise
+        reporter.stage(None, f"{err}; building what compiles the PyTorch model itself: {', '.join(direct)}")
+        return None, str(err)
+    return path, None
 
 
 def _reference_feeds(cm: CompiledModel, base_dir: Path) -> tuple[list[inputs.Feed], np.ndarray | None]:
