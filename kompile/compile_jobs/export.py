@@ -192,6 +192,51 @@ def _exporter_summary(text: str) -> str | None:
     return f"{where}: {root.splitlines()[0]}"
 
 
+def example_sizes(signature: Sequence[InputSpec]) -> dict[str, int]:
+    """A size per dynamic dim name: opt, at least 2 (export specializes 0 and 1), distinct across
+    names where the range allows (dims traced at equal sizes can be unified into one symbol)."""
+    sizes: dict[str, int] = {}
+    for spec in signature:
+        for d in spec.dynamic_dims or []:
+            if d.name in sizes or d.max < 2:
+                continue
+            size = min(max(d.opt, 2, d.min), d.max)
+            while size in sizes.values() and size < d.max:
+                size += 1
+            sizes[d.name] = size
+    return sizes
+
+
+def at_sizes(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
+    """`feed` cut or repeated along each dynamic axis to its size in `sizes` (values repeat)."""
+    out: Feed = {}
+    for spec in signature:
+        arr = np.asarray(feed[spec.name])
+        for d in spec.dynamic_dims or []:
+            if d.name in sizes and arr.shape[d.axis] != sizes[d.name]:
+                arr = np.take(arr, np.arange(sizes[d.name]) % arr.shape[d.axis], axis=d.axis)
+        out[spec.name] = arr
+    return out
+
+
+def dynamic_shapes(signature: Sequence[InputSpec]) -> tuple[dict[int, Any] | None, ...] | None:
+    """torch.export dynamic_shapes for the positional inputs; one Dim per name, ranges intersected."""
+    import torch
+
+    ranges: dict[str, tuple[int, int]] = {}
+    for spec in signature:
+        for d in spec.dynamic_dims or []:
+            low, high = ranges.get(d.name, (d.min, d.max))
+            ranges[d.name] = (max(low, d.min), min(high, d.max))
+    # A range of one size (or only 0/1) is a static dimension: export would specialize it anyway.
+    dims = {n: torch.export.Dim(n, min=lo, max=hi) for n, (lo, hi) in ranges.items() if hi > max(lo, 1)}
+    shapes = tuple(
+        {d.axis: dims[d.name] for d in spec.dynamic_dims or [] if d.name in dims} or None
+        for spec in signature
+    )
+    return shapes if any(shapes) else None
+
+
 def names_for_outputs(count: int, module: Any = None, inputs: Sequence[str] = ()) -> list[str]:
     """Serving names of the outputs: what the model's dict or NamedTuple called them (logits,
     pooler_output; source_module.leaf_names), else output / output_<i>. Made safe for every
@@ -259,7 +304,7 @@ def export_onnx(
             dynamic_axes[name] = dict(batch_axes)
     label = f"{loaded.label} (from {loaded.uri})"
     if loaded.exported is not None:
-        return _export_program(loaded, example, signature, names, output_names, out_path, label)
+        return _export_program(loaded, example, signature, names, output_names, out_path, label, note)
     # Record tracer warnings rather than raising them: raised inside torch's C++ tracer they turn
     # into an opaque SystemError; recorded, they name the construct and its source line.
     with (
@@ -360,31 +405,60 @@ def _export_program(
     output_names: list[str],
     out_path: Path,
     label: str,
+    note: Callable[[str], None],
 ) -> tuple[Path, list[str]]:
     """A torch.export archive already is a graph with its dynamic shapes: the dynamo exporter takes it
-    as it is (re-tracing its GraphModule with TorchScript is not supported)."""
+    as it is (re-tracing its GraphModule with TorchScript is not supported). Where it fails on the
+    program as saved, the program's module is exported again with spec.inputs' dims, as inductor
+    compiles it: torch 2.15 fails on a loaded program whose dims are multiples (h = 32*_h, what
+    torch.export suggests for a strided model) and takes the same module re-exported."""
     import torch
 
-    written, dropped = _program_output_names(loaded.exported, output_names)
+    errors = (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError)
+    try:
+        _program_to_onnx(loaded.exported, to_torch(example, signature), names, output_names, out_path)
+        return out_path, output_names
+    except errors as err:
+        saved = describe_failure(err)
+    try:
+        shapes: tuple[Any, ...] | None = dynamic_shapes(signature)
+        if shapes and getattr(loaded.module, "wraps_source", False):
+            shapes = (shapes,)  # source_module.SourceModule takes its inputs as *tensors
+        # At sizes of 2 or more: torch.export makes a dim traced at 1 a constant.
+        args = to_torch(at_sizes(example, signature, example_sizes(signature)), signature)
+        with output_to(out_path.parent / "export.log"), torch.no_grad():
+            program = torch.export.export(loaded.module, args, dynamic_shapes=shapes)
+        _program_to_onnx(program, args, names, output_names, out_path)
+    except (*errors, torch._dynamo.exc.UserError) as err:
+        raise ExportError(
+            f"cannot export {label} to ONNX: {saved} (exported again with spec.inputs' dims: "
+            f"{describe_failure(err)})"
+        ) from None
+    note(f"{label}: torch.onnx failed on the program as saved ({saved}); exported it again with its dims")
+    return out_path, output_names
+
+
+def _program_to_onnx(
+    program: Any, args: tuple[Any, ...], names: list[str], output_names: list[str], out_path: Path
+) -> None:
+    import torch
+
+    written, dropped = _program_output_names(program, output_names)
     # The dynamo exporter prints progress on stdout, which belongs to `--json`; its warnings about
     # the outputs dropped below (a None "is ignored") are kompile's to handle, not the user's.
-    try:
-        with contextlib.redirect_stdout(sys.stderr), _exporter_warnings_quiet():
-            torch.onnx.export(
-                loaded.exported,
-                to_torch(example, signature),
-                str(out_path),
-                input_names=names,
-                output_names=written,
-                dynamo=True,
-                external_data=False,
-                verbose=False,  # its "[torch.onnx] ... ✅" lines: the pipeline says "exporting" once
-            )
-    except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as err:
-        raise ExportError(f"cannot export {label} to ONNX: {describe_failure(err)}") from None
+    with contextlib.redirect_stdout(sys.stderr), _exporter_warnings_quiet():
+        torch.onnx.export(
+            program,
+            args,
+            str(out_path),
+            input_names=names,
+            output_names=written,
+            dynamo=True,
+            external_data=False,
+            verbose=False,  # its "[torch.onnx] ... ✅" lines: the pipeline says "exporting" once
+        )
     if dropped:
         _drop_outputs(out_path, dropped)
-    return out_path, output_names
 
 
 def _program_output_names(program: Any, output_names: list[str]) -> tuple[list[str], set[str]]:

@@ -50,8 +50,9 @@ from kompile.compile_jobs.backends.base import (
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.export import at_sizes, example_sizes, names_for_outputs
+from kompile.compile_jobs.export import dynamic_shapes as dynamic_shapes  # tests read it here
 from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # executorch reads it here
-from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.inputs import generate_feeds
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.source_module import in_eval_mode
@@ -81,56 +82,19 @@ _META_INPUTS, _META_DTYPES, _META_PRECISION = "kompile.inputs", "kompile.input_d
 # Example inputs and dynamic shapes
 
 
-def example_sizes(signature: Sequence[InputSpec]) -> dict[str, int]:
-    """A size per dynamic dim name: opt, at least 2 (export specializes 0 and 1), distinct across
-    names where the range allows (dims traced at equal sizes can be unified into one symbol)."""
-    sizes: dict[str, int] = {}
-    for spec in signature:
-        for d in spec.dynamic_dims or []:
-            if d.name in sizes or d.max < 2:
-                continue
-            size = min(max(d.opt, 2, d.min), d.max)
-            while size in sizes.values() and size < d.max:
-                size += 1
-            sizes[d.name] = size
-    return sizes
-
-
-def dynamic_shapes(signature: Sequence[InputSpec]) -> tuple[dict[int, Any] | None, ...] | None:
-    """torch.export dynamic_shapes for the positional inputs; one Dim per name, ranges intersected."""
-    ranges: dict[str, tuple[int, int]] = {}
-    for spec in signature:
-        for d in spec.dynamic_dims or []:
-            low, high = ranges.get(d.name, (d.min, d.max))
-            ranges[d.name] = (max(low, d.min), min(high, d.max))
-    # A range of one size (or only 0/1) is a static dimension: export would specialize it anyway.
-    dims = {n: torch.export.Dim(n, min=lo, max=hi) for n, (lo, hi) in ranges.items() if hi > max(lo, 1)}
-    shapes = tuple(
-        {d.axis: dims[d.name] for d in spec.dynamic_dims or [] if d.name in dims} or None
-        for spec in signature
-    )
-    return shapes if any(shapes) else None
-
-
 def example_feed(signature: Sequence[InputSpec], calibration: Sequence[Feeds]) -> Feeds:
     """The first reference input, resized along dynamic axes to the example sizes (values repeat)."""
     sizes = example_sizes(signature)
     if not calibration:
         return generate_feeds(signature, 1, seed=0, sizes=sizes)[0]
     first: Feeds = calibration[0]
-    out: Feeds = {}
     for spec in signature:
         if spec.name not in first:
             raise BackendError(
                 f"reference inputs lack model input {spec.name!r}; they must name each of "
                 f"{[s.name for s in signature]}"
             )
-        arr = np.asarray(first[spec.name])
-        for d in spec.dynamic_dims or []:
-            if d.name in sizes and arr.shape[d.axis] != sizes[d.name]:
-                arr = np.take(arr, np.arange(sizes[d.name]) % arr.shape[d.axis], axis=d.axis)
-        out[spec.name] = arr
-    return out
+    return at_sizes(first, signature, sizes)
 
 
 def to_tensor(value: Array, dtype: torch.dtype, device: str) -> torch.Tensor:
