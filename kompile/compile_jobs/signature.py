@@ -217,11 +217,14 @@ def _pt2_inputs(path: Path) -> list[Input]:
 
     source_files.check(path, "pt2")
     source_files.check_pt2_schema(path)
-    with source_files.quiet_torch_loading():
+    with source_files.quiet_torch_loading() as logged:
         try:
             program = torch.export.load(str(path))
         except (RuntimeError, ValueError, OSError) as err:
-            raise SourceError(f"{path}: cannot be loaded as a torch.export archive: {err}") from None
+            raise SourceError(
+                source_files.pt2_load_failure(path, err, logged)
+                or f"{path}: cannot be loaded as a torch.export archive: {err}"
+            ) from None
     ranges: dict[str, Any] = {str(k): v for k, v in program.range_constraints.items()}
     names: dict[str, str] = {}
     user = set(program.graph_signature.user_inputs)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import pickletools
+import re
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -342,16 +343,57 @@ def check_pt2_schema(path: Path) -> None:
         )
 
 
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))  # with its traceback: torch logs the cause as one
+
+
 @contextlib.contextmanager
-def quiet_torch_loading() -> Iterator[None]:
+def quiet_torch_loading() -> Iterator[list[str]]:
     """torch's loaders print their own stack traces as warnings and log lines; kompile reports one
-    message instead."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    message instead. The log lines are kept (yielded): torch.export.load's error says only to
+    "check the warnings above", where the cause is."""
+    kept = _Kept()
+    # torch's own logging setup gives some of its loggers (torch.export's) handlers of their own:
+    # each one that has is pointed at `kept` for the while, as is "torch" for the rest.
+    loggers = [logging.getLogger("torch")] + [
+        logger
+        for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("torch.") and isinstance(logger, logging.Logger) and logger.handlers
+    ]
+    before = [(lg.level, lg.propagate, list(lg.handlers)) for lg in loggers]
+    for lg in loggers:
+        lg.handlers[:] = [kept]
+        lg.propagate = False
+    loggers[0].setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            yield
+            yield kept.lines
     finally:
-        logger.setLevel(level)
+        for lg, (level, propagate, handlers) in zip(loggers, before, strict=True):
+            lg.setLevel(level)
+            lg.propagate = propagate
+            lg.handlers[:] = handlers
+
+
+_UNRESOLVED_OP = re.compile(r"failed to resolve torch\.ops\.(\w+)\.(\w+)(?:\.\w+)? to an operator")
+
+
+def pt2_load_failure(path: Path, err: BaseException, logged: list[str]) -> str | None:
+    """What a .pt2 that torch.export.load refused lacks, when its log names it: a custom operator
+    (torch.library) that no imported code registers. None otherwise."""
+    found = next((m for line in logged if (m := _UNRESOLVED_OP.search(line))), None)
+    if found is None:
+        return None
+    op = f"{found.group(1)}::{found.group(2)}"
+    return (
+        f"{path}: the program calls the operator {op}, which nothing here registers: a custom op "
+        "is registered by the code that defines it (torch.library), and a .pt2 is read without "
+        "running any. Give the model as a python:// factory from a module that imports the op's "
+        "definition, or export it without the custom op"
+    )

@@ -268,8 +268,9 @@ def _load_torch_file(path: Path, fmt: str, log: Path) -> tuple[Any, Any]:
     source_files.check(path, fmt)
     if fmt == "pt2":
         source_files.check_pt2_schema(path)
+    logged: list[str] = []
     try:
-        with source_files.quiet_torch_loading(), output_to(log):
+        with source_files.quiet_torch_loading() as logged, output_to(log):
             if fmt == "pt2":
                 from kompile.compile_jobs.source_module import program_module
 
@@ -278,8 +279,9 @@ def _load_torch_file(path: Path, fmt: str, log: Path) -> tuple[Any, Any]:
             return torch.jit.load(str(path), map_location="cpu").eval(), None
     except (RuntimeError, ValueError, OSError, KeyError, AttributeError) as err:
         raise SourceError(
-            f"{path}: expected {source_files.EXPECTED[fmt]}, but it cannot be loaded (corrupt, or written "
-            f"by an incompatible torch?): {first_line(err)}"
+            source_files.pt2_load_failure(path, err, logged)
+            or f"{path}: expected {source_files.EXPECTED[fmt]}, but it cannot be loaded (corrupt, or "
+            f"written by an incompatible torch?): {first_line(err)}"
         ) from None
 
 

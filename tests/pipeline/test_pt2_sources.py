@@ -154,3 +154,44 @@ def test_a_pt2_with_outputs_that_are_no_tensors_serves_its_tensors(kompile_run: 
     assert target["phase"] == "Succeeded", target
     assert [o["name"] for o in target["validation"]["outputs"]] == ["logits"], target["validation"]
     assert "is ignored in the exported graph" not in res.stderr, res.stderr  # the exporter's, handled
+
+
+CUSTOM_OP_PT2 = """
+import sys
+import torch
+
+@torch.library.custom_op("kompile_unregistered::doubled", mutates_args=())
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+@doubled.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return doubled(x) + 1
+
+torch.export.save(torch.export.export(Net(), (torch.rand(2, 3),)), sys.argv[1])
+"""
+
+
+def test_a_pt2_calling_a_custom_op_nothing_registers_names_it(
+    kompile_run: Any, write_manifest: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A .pt2 that calls a torch.library op is loaded without the code that registers the op. Before:
+    "cannot be loaded ...: We ran into an error when deserializing the saved file. Please check the
+    warnings above for possible errors." and no warnings above (kompile quiets torch's loading)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "custom.pt2"
+    subprocess.run([sys.executable, "-c", CUSTOM_OP_PT2, str(path)], check=True, capture_output=True)
+    # As a file (its inputs read from it) and from a manifest (loaded as the source).
+    declared = small_cnn_doc(source={"uri": path.name}, inputs=[{"name": "x", "shape": [2, 3]}])
+    for given in (path, write_manifest(declared)):
+        res = kompile_run(given, "--no-register")
+        assert res.code == 2, res.stderr
+        text = " ".join(res.stderr.split())
+        assert "calls the operator kompile_unregistered::doubled, which nothing here registers" in text, text
+        assert "python://" in text and "warnings above" not in text, text
