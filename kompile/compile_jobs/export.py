@@ -508,20 +508,28 @@ def _check_onnx_source(
 ) -> tuple[Path, list[str]]:
     import onnx
 
-    from kompile.compile_jobs.onnx_upgrade import upgrade
+    from kompile.compile_jobs.onnx_upgrade import in_order, unsorted, upgrade
     from kompile.compile_jobs.source_files import SourceError, check_onnx, read_onnx_graph
 
+    def invalid(err: Exception) -> ExportError:
+        msg = (
+            str(err) if isinstance(err, SourceError) else f"{src}: not a valid ONNX model: {first_line(err)}"
+        )
+        return ExportError(msg)
+
+    reordered = False
     try:
         model = read_onnx_graph(src)
         external = check_onnx(src, model)
         # By path, without loading the weights: the checker reads external data itself, and a model
         # over 2 GB cannot be checked as one in-memory protobuf.
         onnx.checker.check_model(str(src))
-    except (onnx.checker.ValidationError, OSError, ValueError) as err:
-        msg = (
-            str(err) if isinstance(err, SourceError) else f"{src}: not a valid ONNX model: {first_line(err)}"
-        )
-        raise ExportError(msg) from None
+    except onnx.checker.ValidationError as err:
+        if not unsorted(err):
+            raise invalid(err) from None
+        model, reordered = in_order(model), True  # checked below, once written in order
+    except (OSError, ValueError) as err:
+        raise invalid(err) from None
     graph_inputs = [
         i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}
     ]
@@ -532,6 +540,12 @@ def _check_onnx_source(
             "make spec.inputs list the same names in the same order"
         )
     model, changes = upgrade(model)
+    if reordered:
+        changes.insert(
+            0,
+            "nodes put in topological order (a float16 converter's keep_io_types leaves its input "
+            "Casts last; onnx's checker refuses that order)",
+        )
     if changes:  # external weights stay references: written beside the graph below
         onnx.save_model(model, str(out_path))
         for change in changes:
@@ -544,4 +558,9 @@ def _check_onnx_source(
         dest = out_path.parent / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src.parent / name, dest)
+    if reordered:
+        try:
+            onnx.checker.check_model(str(out_path))
+        except onnx.checker.ValidationError as err:
+            raise invalid(err) from None
     return out_path, [o.name for o in model.graph.output]

@@ -128,6 +128,23 @@ def readable_copy(path: Path, model: Any, folder: Path) -> Path:
     return folder / path.name
 
 
+def unsorted(err: Exception) -> bool:
+    """Whether onnx's checker refused the graph only for the order of its nodes."""
+    return "must be topologically sorted" in str(err)
+
+
+def in_order(model: Any) -> Any:
+    """The model with its nodes, and its subgraphs', in topological order (onnx_ir's sort; weights
+    kept where they are, external data still referenced). ONNX Runtime's float16 converter with
+    keep_io_types appends the Casts of the inputs it keeps float32 at the end of the node list:
+    ONNX Runtime and OpenVINO load that graph, onnx's checker and the converters built on it do not."""
+    import onnx_ir as ir
+
+    graph = ir.from_proto(model)
+    graph.graph.sort()
+    return ir.to_proto(graph)
+
+
 def upgrade(model: Any) -> tuple[Any, list[str]]:
     """The model in a form every backend reads, and one note per change made; the model itself when
     nothing needs changing. Changes the ModelProto it is given (the caller's parsed copy)."""

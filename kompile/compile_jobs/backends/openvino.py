@@ -284,13 +284,22 @@ class OvRunner:
         self.request = self.compiled.create_infer_request()
         self.input_names = [p.get_any_name() for p in self.compiled.inputs]
         self.output_names = [p.get_any_name() for p in self.compiled.outputs]
-        self._dtypes = {p.get_any_name(): p.get_element_type().to_dtype() for p in self.compiled.inputs}
+        # A port can carry several names once the CPU plugin folds a node into it (a float16
+        # model's input Cast: {"x", "graph_input_cast_0"}), and any_name may be either: each input
+        # is fed by whichever of its names the feeds use.
+        self._names = [p.get_names() for p in self.compiled.inputs]
+        self._dtypes = [p.get_element_type().to_dtype() for p in self.compiled.inputs]
 
     def run(self, feeds: Feeds) -> list[Array]:
-        missing = [n for n in self.input_names if n not in feeds]
+        names = [next((n for n in sorted(ns) if n in feeds), None) for ns in self._names]
+        missing = [sorted(ns) for ns, n in zip(self._names, names, strict=True) if n is None]
         if missing:
-            raise BackendError(f"inputs {missing} missing; the model takes {self.input_names}")
-        inputs = {n: np.ascontiguousarray(feeds[n], dtype=self._dtypes[n]) for n in self.input_names}
+            raise BackendError(f"inputs named {missing} missing; the feeds have {sorted(feeds)}")
+        inputs = {
+            i: np.ascontiguousarray(feeds[n], dtype=dt)
+            for i, (n, dt) in enumerate(zip(names, self._dtypes, strict=True))
+            if n is not None
+        }
         result = self.request.infer(inputs)
         # The request owns its output buffers and reuses them: copy before the next call.
         return [np.array(result[port]) for port in self.compiled.outputs]
