@@ -21,7 +21,7 @@ import numpy as np
 
 from kompile.api.spec import InputSpec
 from kompile.api.vocabulary import DType
-from kompile.compile_jobs.inputs import Feed
+from kompile.compile_jobs.inputs import Feed, resize
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.sources import LoadedSource, module_label
 from kompile.compile_jobs.triton import TensorSpec
@@ -205,18 +205,6 @@ def example_sizes(signature: Sequence[InputSpec]) -> dict[str, int]:
                 size += 1
             sizes[d.name] = size
     return sizes
-
-
-def at_sizes(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
-    """`feed` cut or repeated along each dynamic axis to its size in `sizes` (values repeat)."""
-    out: Feed = {}
-    for spec in signature:
-        arr = np.asarray(feed[spec.name])
-        for d in spec.dynamic_dims or []:
-            if d.name in sizes and arr.shape[d.axis] != sizes[d.name]:
-                arr = np.take(arr, np.arange(sizes[d.name]) % arr.shape[d.axis], axis=d.axis)
-        out[spec.name] = arr
-    return out
 
 
 def dynamic_shapes(signature: Sequence[InputSpec]) -> tuple[dict[int, Any] | None, ...] | None:
@@ -425,7 +413,7 @@ def _export_program(
         if shapes and getattr(loaded.module, "wraps_source", False):
             shapes = (shapes,)  # source_module.SourceModule takes its inputs as *tensors
         # At sizes of 2 or more: torch.export makes a dim traced at 1 a constant.
-        args = to_torch(at_sizes(example, signature, example_sizes(signature)), signature)
+        args = to_torch(resize(example, signature, example_sizes(signature)), signature)
         with output_to(out_path.parent / "export.log"), torch.no_grad():
             program = torch.export.export(loaded.module, args, dynamic_shapes=shapes)
         _program_to_onnx(program, args, names, output_names, out_path)

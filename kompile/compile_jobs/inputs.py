@@ -87,6 +87,39 @@ def _generate_one(spec: InputSpec, shape: list[int], rng: np.random.Generator) -
     return rng.standard_normal(size=shape).astype(dt)
 
 
+def _left_padded(feed: Feed, signature: Sequence[InputSpec]) -> set[str]:
+    """The dims along which the feed's 2-D padding mask is padded on the left: every row ends in a
+    token and some row starts with padding. A token is 1 (True) in an attention_mask, 0 in an
+    additive one (-inf or a large negative number marks the padding) and in a key_padding_mask."""
+    dims: set[str] = set()
+    for spec in signature:
+        arr = np.asarray(feed[spec.name])
+        if arr.ndim != 2 or arr.shape[1] < 2 or not spec.name.lower().endswith(PADDING_MASK_NAMES):
+            continue
+        zero_is_token = spec.name.lower().endswith("padding_mask") or bool((arr < 0).any())
+        tokens = arr == 0 if zero_is_token else arr != 0
+        if tokens[:, -1].all() and not tokens[:, 0].all():
+            dims.update(d.name for d in spec.dynamic_dims or [] if d.axis == 1)
+    return dims
+
+
+def resize(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) -> Feed:
+    """The feed at `sizes[name]` along each axis of a dim named in `sizes`: cut to its leading
+    entries, or repeated up to the size with each row first as it was. Along a dim its padding mask
+    pads on the left, the row's end stays (the last entries, where a short row's tokens are)."""
+    tail = _left_padded(feed, signature)
+    out: Feed = {}
+    for spec in signature:
+        arr = np.asarray(feed[spec.name])
+        for d in spec.dynamic_dims or []:
+            if d.name in sizes:
+                n, held = sizes[d.name], arr.shape[d.axis]
+                steps = np.arange(n) - n if d.name in tail else np.arange(n)
+                arr = arr.take(steps % held, axis=d.axis)
+        out[spec.name] = np.ascontiguousarray(arr)
+    return out
+
+
 def generate_feeds(
     signature: Sequence[InputSpec], samples: int, seed: int, sizes: dict[str, int] | None = None
 ) -> list[Feed]:

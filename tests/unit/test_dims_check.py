@@ -15,11 +15,10 @@ from kompile.compile_jobs.dims_check import (
     DimsCheck,
     least_sizes,
     longer_sizes,
-    resize,
     shorter_sizes,
 )
 from kompile.compile_jobs.export import ExportError
-from kompile.compile_jobs.inputs import InputMismatch
+from kompile.compile_jobs.inputs import InputMismatch, resize
 from kompile.compile_jobs.run_results import RunResults
 from kompile.compile_jobs.validate import default_thresholds
 

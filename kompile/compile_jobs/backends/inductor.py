@@ -50,10 +50,10 @@ from kompile.compile_jobs.backends.base import (
     options_of,
 )
 from kompile.compile_jobs.benchmark import available_cores
-from kompile.compile_jobs.export import at_sizes, example_sizes, names_for_outputs
 from kompile.compile_jobs.export import dynamic_shapes as dynamic_shapes  # tests read it here
+from kompile.compile_jobs.export import example_sizes, names_for_outputs
 from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # executorch reads it here
-from kompile.compile_jobs.inputs import generate_feeds
+from kompile.compile_jobs.inputs import generate_feeds, resize
 from kompile.compile_jobs.quiet import output_to
 from kompile.compile_jobs.source_module import in_eval_mode
 from kompile.compile_jobs.sources import module_label
@@ -83,7 +83,8 @@ _META_INPUTS, _META_DTYPES, _META_PRECISION = "kompile.inputs", "kompile.input_d
 
 
 def example_feed(signature: Sequence[InputSpec], calibration: Sequence[Feeds]) -> Feeds:
-    """The first reference input, resized along dynamic axes to the example sizes (values repeat)."""
+    """The first reference input, resized along dynamic axes to the example sizes (inputs.resize:
+    values repeat, a left-padded row keeps its end)."""
     sizes = example_sizes(signature)
     if not calibration:
         return generate_feeds(signature, 1, seed=0, sizes=sizes)[0]
@@ -94,7 +95,7 @@ def example_feed(signature: Sequence[InputSpec], calibration: Sequence[Feeds]) -
                 f"reference inputs lack model input {spec.name!r}; they must name each of "
                 f"{[s.name for s in signature]}"
             )
-    return at_sizes(first, signature, sizes)
+    return resize(first, signature, sizes)
 
 
 def to_tensor(value: Array, dtype: torch.dtype, device: str) -> torch.Tensor:
