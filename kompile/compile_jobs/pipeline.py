@@ -35,7 +35,7 @@ from kompile.compile_jobs.dims_check import DimsCheck
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
 from kompile.compile_jobs.residency import Residency, memory_limit, weights_bytes
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, REFERENCE_FILE, RunResults
-from kompile.compile_jobs.validate import labels_problem
+from kompile.compile_jobs.validate import labels_problem, listed
 
 EXPORT_DIR = "export"
 """The work dir's folder for the ONNX export, removed when the run ends."""
@@ -302,23 +302,19 @@ def _reference_results(
     if dataset and fed:
         raise sources.SourceError(
             f"spec.validation.dataset {dataset}: its inputs hold NaN or Inf at "
-            f"sample{'s' if len(fed) > 1 else ''} {_indices(fed)} (axis 0), "
+            f"sample{'s' if len(fed) > 1 else ''} {listed(fed)} (axis 0), "
             "where the source model's outputs are NaN or Inf too: nothing can be validated against "
             "them; drop or fix those samples"
         )
     raise sources.SourceError(
         f"the source model {loaded.label} itself yields NaN or Inf on {len(bad)} of {len(feeds)} "
-        f"samples ({_indices(bad)}): nothing can be "
+        f"samples ({listed(bad)}): nothing can be "
         "validated against it; check the model's weights or the input ranges (spec.inputs low/high)"
     )
 
 
 def _finite(a: np.ndarray[Any, Any]) -> bool:
     return not np.issubdtype(a.dtype, np.floating) or bool(np.isfinite(a).all())
-
-
-def _indices(indices: Sequence[int]) -> str:
-    return ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
 
 
 def _benchmark(

@@ -220,13 +220,18 @@ def _pairs(
     return pairs, problems
 
 
+def listed(indices: Sequence[int]) -> str:
+    """Sample indices for a message: the first 8, then "..."."""
+    return ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
+
+
 def _samples(indices: list[int]) -> str:
     """ "sample 3", "samples 0-3" or "samples 0, 2" (indices ascending)."""
     if len(indices) == 1:
         return f"sample {indices[0]}"
     if indices[-1] - indices[0] == len(indices) - 1:
         return f"samples {indices[0]}-{indices[-1]}"
-    return "samples " + ", ".join(map(str, indices))
+    return "samples " + listed(indices)
 
 
 def _broken(name: str, pairs: list[tuple[Array, Array]]) -> OutputCheck:

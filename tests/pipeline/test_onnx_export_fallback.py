@@ -60,6 +60,11 @@ _TABLE = [
 ]
 
 
+def _run_calibrated(kompile_run: Any, write_manifest: Any, tmp_path: Path, backends: list[str]) -> Any:
+    source = _calibrated_pt2(tmp_path / "calibrated.pt2")
+    return kompile_run(_manifest(write_manifest, source, _TABLE, backends))
+
+
 def test_a_pt2_torch_onnx_fails_on_as_saved_is_exported_again_with_its_dims(
     kompile_run: Any, write_manifest: Any, tmp_path: Path
 ) -> None:
@@ -84,8 +89,7 @@ def test_a_pt2_torch_onnx_fails_on_as_saved_is_exported_again_with_its_dims(
 def test_an_unexportable_pt2_is_compiled_by_inductor_and_the_onnx_backends_say_why_not(
     kompile_run: Any, write_manifest: Any, tmp_path: Path
 ) -> None:
-    source = _calibrated_pt2(tmp_path / "calibrated.pt2")
-    res = kompile_run(_manifest(write_manifest, source, _TABLE, ["onnxruntime", "inductor"]))
+    res = _run_calibrated(kompile_run, write_manifest, tmp_path, ["onnxruntime", "inductor"])
     assert res.code == 0, res.stderr
     (target,) = res.status["targets"]
     by_name = {c["name"]: c for c in target["candidates"]}
@@ -101,8 +105,7 @@ def test_an_unexportable_pt2_is_compiled_by_inductor_and_the_onnx_backends_say_w
 def test_an_unexportable_pt2_with_only_onnx_backends_is_refused_with_the_cause(
     kompile_run: Any, write_manifest: Any, tmp_path: Path
 ) -> None:
-    source = _calibrated_pt2(tmp_path / "calibrated.pt2")
-    res = kompile_run(_manifest(write_manifest, source, _TABLE, ["onnxruntime", "openvino"]))
+    res = _run_calibrated(kompile_run, write_manifest, tmp_path, ["onnxruntime", "openvino"])
     assert res.code == 2, res.stderr
     text = " ".join(res.stderr.split())
     assert "cannot export calibrated.pt2" in text and "aten.searchsorted has no ONNX conversion" in text, text
