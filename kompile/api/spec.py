@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kompile.api.base import ApiModel
 from kompile.api.spec_rollout import GitOps, Registry, Rollout, RolloutGate, SecretRef
@@ -219,6 +219,12 @@ def batch_dim(signature: Sequence[InputSpec]) -> str | None:
     return None
 
 
+def batch_axis(spec: InputSpec, name: str | None) -> int | None:
+    """The axis of `spec` that holds the dim named `name` (the batch: axis 1 of an RNN's state
+    [layers, batch, hidden]), None where the input has no such dim."""
+    return next((d.axis for d in spec.dynamic_dims or [] if name is not None and d.name == name), None)
+
+
 def batch_max(signature: Sequence[InputSpec]) -> int | None:
     """The largest batch the signature declares (its batch dim's max); None without a batch dim."""
     return next((d.max for d in signature[0].dynamic_dims or [] if d.axis == 0), None)
@@ -251,7 +257,10 @@ class Validation(ApiModel):
     dataset: str | None = Field(
         default=None,
         max_length=2048,
-        description="Reference inputs: an .npz file keyed by input name (path, file:// or s3://).",
+        description=(
+            "Reference inputs: an .npz file keyed by input name (path, file:// or s3://), the samples "
+            "along each input's batch axis (axis 1 of an RNN state [layers, batch, hidden])."
+        ),
     )
     samples: int = Field(
         default=4, ge=1, le=1024, description="Number of generated samples when no dataset is given."
@@ -360,6 +369,23 @@ class CompiledModelSpec(ApiModel):
     registry: Registry | None = Field(default=None, description="Artifact store and MLflow registry.")
     rollout: Rollout | None = Field(default=None, description="Rollout of the winner to KServe.")
     suspend: bool = Field(default=False, description="Start no new compile Jobs while true.")
+
+    @field_validator("inputs")
+    @classmethod
+    def _shared_dims_agree(cls, inputs: list[InputSpec]) -> list[InputSpec]:
+        # A dim name is one size in every input that has it (the batch of an RNN's tokens and of
+        # its state): reference inputs, batches and profiles are built per name.
+        first: dict[str, tuple[str, DynamicDim]] = {}
+        for spec in inputs:
+            for d in spec.dynamic_dims or []:
+                seen, other = first.setdefault(d.name, (spec.name, d))
+                if (other.min, other.opt, other.max) != (d.min, d.opt, d.max):
+                    raise ValueError(
+                        f"dim {d.name!r} is {other.min}:{other.opt}:{other.max} in input {seen!r} and "
+                        f"{d.min}:{d.opt}:{d.max} in input {spec.name!r} (min:opt:max): inputs that share "
+                        "a dim name share its size, so give it one range in both (or name the dims apart)"
+                    )
+        return inputs
 
     @model_validator(mode="after")
     def _targets_or_fleet(self) -> CompiledModelSpec:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kompile.api.spec import InputSpec, batch_dim, batch_max
+from kompile.api.spec import InputSpec, batch_axis, batch_dim, batch_max
 from kompile.api.status import TargetStatus, Thresholds
 from kompile.api.vocabulary import TaskKind
 from kompile.compile_jobs.backends.base import BackendError, Runner
@@ -86,17 +86,20 @@ class BatchCheck:
         return checked is not None and batch != checked
 
     def feed(self, batch: int) -> Feed:
-        """The reference inputs stacked along the batch axis and cycled to `batch` rows; an input
-        without the batch dim is the first sample's, as every sample has it."""
+        """The reference inputs stacked along each input's batch axis (axis 1 of an RNN's state)
+        and cycled to `batch` rows; an input without the batch dim is the first sample's, as every
+        sample has it."""
         name = batch_dim(self.signature)
         feeds = self.reference.inputs
         out: Feed = {}
         for spec in self.signature:
-            if any(d.axis == 0 and d.name == name for d in spec.dynamic_dims or []):
-                rows = np.concatenate([np.asarray(f[spec.name]) for f in feeds], axis=0)
-                out[spec.name] = np.ascontiguousarray(np.resize(rows, (batch, *rows.shape[1:])))
-            else:
+            axis = batch_axis(spec, name)
+            if axis is None:
                 out[spec.name] = feeds[0][spec.name]
+                continue
+            rows = np.concatenate([np.asarray(f[spec.name]) for f in feeds], axis=axis)
+            cycled = np.take(rows, np.arange(batch) % rows.shape[axis], axis=axis)
+            out[spec.name] = np.ascontiguousarray(cycled)
         return out
 
     def failures(self, batch: int, runner: Runner, thresholds: Thresholds) -> list[str]:

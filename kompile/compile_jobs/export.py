@@ -480,13 +480,19 @@ def _drop_outputs(path: Path, names: set[str]) -> None:
 
 @contextlib.contextmanager
 def _exporter_warnings_quiet() -> Iterator[None]:
+    """The exporter's log, and torch's notices of its own deprecations (an LSTM's unrolled program
+    printed ten `_check_is_size will be removed` FutureWarnings from torch's generated code): no
+    user code runs while a traced program is exported, so none of them is the user's to act on."""
     import logging
 
     exporter = logging.getLogger("torch.onnx")
     level = exporter.level
     exporter.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
     finally:
         exporter.setLevel(level)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from kompile.api.spec import InputSpec
+from kompile.api.spec import InputSpec, batch_axis
 from kompile.api.spec import batch_dim as batch_dim  # read here beside the feeds it shapes
 from kompile.api.spec import static_batch as static_batch
 
@@ -131,7 +131,10 @@ def generate_feeds(
     return feeds
 
 
-def _check_array(spec: InputSpec, arr: np.ndarray[Any, Any], source: str) -> np.ndarray[Any, Any]:
+def _check_array(
+    spec: InputSpec, arr: np.ndarray[Any, Any], source: str, samples_axis: int | None
+) -> np.ndarray[Any, Any]:
+    """`arr` as `spec` declares it, its samples on `samples_axis` (any count there)."""
     if arr.ndim != len(spec.shape):
         raise InputMismatch(
             f"{source}: input {spec.name!r} has {arr.ndim} dimensions {list(arr.shape)}, "
@@ -141,12 +144,12 @@ def _check_array(spec: InputSpec, arr: np.ndarray[Any, Any], source: str) -> np.
     for axis, (want, got) in enumerate(zip(spec.shape, arr.shape, strict=True)):
         if want == -1:
             d = ranges[axis]
-            if not d.min <= got <= d.max and axis != 0:
+            if not d.min <= got <= d.max and axis != samples_axis:
                 raise InputMismatch(
                     f"{source}: input {spec.name!r} axis {axis} ({d.name}) is {got}, "
                     f"outside its declared range [{d.min}, {d.max}]"
                 )
-        elif want != got and not (axis == 0 and 0 in ranges):
+        elif want != got and axis != samples_axis:
             raise InputMismatch(
                 f"{source}: input {spec.name!r} has shape {list(arr.shape)}, the signature declares "
                 f"{spec.shape} (axis {axis}: {got} != {want}); fix spec.inputs or the dataset"
@@ -162,9 +165,13 @@ def _check_array(spec: InputSpec, arr: np.ndarray[Any, Any], source: str) -> np.
 def load_dataset(
     path: Path, signature: Sequence[InputSpec], labels_key: str | None = None
 ) -> tuple[list[Feed], np.ndarray[Any, Any] | None]:
-    """Read an .npz keyed by input name. Axis 0 holds samples; each becomes a feed of batch 1
-    when the batch dimension is dynamic, otherwise the arrays are one feed as they are. With
-    `labels_key`, also the integer class labels stored under it, one per sample."""
+    """Read an .npz keyed by input name. When the batch dimension is dynamic, each input's batch
+    axis holds samples (axis 0; axis 1 of an RNN's state [layers, batch, hidden]) and each sample
+    becomes a feed of batch 1, an input without the batch dim in every feed as it is; otherwise
+    the arrays are one feed as they are. With `labels_key`, also the integer class labels stored
+    under it, one per sample."""
+    batch = batch_dim(signature)
+    axes = {s.name: batch_axis(s, batch) for s in signature}
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [s.name for s in signature if s.name not in data.files]
@@ -173,7 +180,7 @@ def load_dataset(
                     f"{path}: dataset has arrays {sorted(data.files)}, missing inputs {missing} "
                     "(keys must be the input names of spec.inputs)"
                 )
-            arrays = {s.name: _check_array(s, data[s.name], str(path)) for s in signature}
+            arrays = {s.name: _check_array(s, data[s.name], str(path), axes[s.name]) for s in signature}
             if labels_key is not None and labels_key not in data.files:
                 raise InputMismatch(
                     f"{path}: spec.validation.labelsKey is {labels_key!r} and the dataset has no such "
@@ -184,21 +191,26 @@ def load_dataset(
         raise
     except (OSError, ValueError) as err:
         raise InputMismatch(f"{path}: cannot read the dataset as .npz: {err}") from None
-    samples = next(iter(arrays.values())).shape[0] if arrays else 0
+    held = {k: (a.shape[axes[k]], axes[k]) for k, a in arrays.items() if axes[k] is not None}
+    samples = next(iter(held.values()))[0] if held else next(iter(arrays.values())).shape[0]
     if labels is not None:
         labels = _check_labels(labels, labels_key or "", samples, path)
-    if batch_dim(signature) is None:
+    if batch is None:
         return [arrays], labels
-    count = {a.shape[0] for a in arrays.values()}
-    if len(count) != 1:
-        raise InputMismatch(f"{path}: inputs disagree on the number of samples (axis 0): {sorted(count)}")
-    n = count.pop()
-    if n == 0:
+    if len({n for n, _ in held.values()}) != 1:
+        counts = ", ".join(f"{k}: {n} (axis {axis})" for k, (n, axis) in held.items())
+        raise InputMismatch(f"{path}: inputs disagree on the number of samples: {counts}")
+    if samples == 0:
         raise InputMismatch(
-            f"{path}: the dataset holds no samples (axis 0 of every input is 0): give at least one, "
-            "or leave spec.validation.dataset out to validate on generated inputs"
+            f"{path}: the dataset holds no samples (the batch axis of every input is 0): give at least "
+            "one, or leave spec.validation.dataset out to validate on generated inputs"
         )
-    return [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(n)], labels
+    return [_sample(arrays, axes, i) for i in range(samples)], labels
+
+
+def _sample(arrays: dict[str, np.ndarray[Any, Any]], axes: dict[str, int | None], i: int) -> Feed:
+    """Sample `i` of a dataset: a slice of one along each input's batch axis."""
+    return {k: v if axes[k] is None else np.take(v, [i], axis=axes[k]) for k, v in arrays.items()}
 
 
 def _check_labels(labels: np.ndarray[Any, Any], key: str, samples: int, path: Path) -> np.ndarray[Any, Any]:

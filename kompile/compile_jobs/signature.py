@@ -288,21 +288,33 @@ def token_range(name: str, vocab: int = 100) -> tuple[int, int]:
     return 0, vocab
 
 
+def _guessed(item: Input, axis: int, size: Dim) -> tuple[int, int, int]:
+    """(min, opt, max) of one dynamic dim: the model's own bounds, else the default guess."""
+    lo, opt, hi = default_range(size.name, axis, _image_axis(item, axis), _audio_axis(item, axis))
+    lo = max(lo, size.min or lo)
+    hi = size.max if size.max is not None else hi
+    if lo > hi:  # the model's bound is below the guess's least: its own range
+        lo = min(size.min or 1, hi)
+    return lo, min(max(opt, lo), hi), hi
+
+
 def input_specs(inputs: list[Input], overrides: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
     """spec.inputs entries (wire form): each dynamic dim with its range, an override by name first,
-    then the model's own bounds, then the default guess."""
+    then the model's own bounds, then the default guess. A name several inputs share gets one
+    range: the guess where it is an axis 0 (the batch of an RNN's tokens, not of its state
+    [layers, batch, hidden]), else where it is first."""
+    ranges: dict[str, tuple[int, int, int]] = {}
+    for axis0 in (True, False):
+        for item in inputs:
+            for axis, size in enumerate(item.shape):
+                if isinstance(size, Dim) and (axis == 0) == axis0 and size.name not in ranges:
+                    ranges[size.name] = overrides.get(size.name) or _guessed(item, axis, size)
     docs: list[dict[str, Any]] = []
     for item in inputs:
         dims = []
         for axis, size in enumerate(item.shape):
             if isinstance(size, Dim):
-                lo, opt, hi = default_range(size.name, axis, _image_axis(item, axis), _audio_axis(item, axis))
-                lo = max(lo, size.min or lo)
-                hi = size.max if size.max is not None else hi
-                if lo > hi:  # the model's bound is below the guess's least: its own range
-                    lo = min(size.min or 1, hi)
-                opt = min(max(opt, lo), hi)
-                lo, opt, hi = overrides.get(size.name, (lo, opt, hi))
+                lo, opt, hi = ranges[size.name]
                 dims.append({"axis": axis, "name": size.name, "min": lo, "opt": opt, "max": hi})
         doc: dict[str, Any] = {
             "name": item.name,

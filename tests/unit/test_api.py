@@ -81,6 +81,25 @@ def test_defaults_fill_in() -> None:
             "spec.benchmark.iterations",
             "greater than",
         ),
+        (  # inputs sharing a dim name share its size: an LSTM's state guessed apart from its tokens
+            lambda d: d["spec"].update(
+                inputs=[
+                    {
+                        "name": "tokens",
+                        "dtype": "int64",
+                        "shape": [-1, 8],
+                        "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32}],
+                    },
+                    {
+                        "name": "h0",
+                        "shape": [2, -1, 8],
+                        "dynamicDims": [{"axis": 1, "name": "batch", "min": 1, "opt": 16, "max": 256}],
+                    },
+                ]
+            ),
+            "spec.inputs",
+            "dim 'batch' is 1:1:32 in input 'tokens' and 1:16:256 in input 'h0' (min:opt:max)",
+        ),
         (lambda d: d["spec"].update(rollout={"enabled": True}), "spec", "needs spec.registry"),
         (lambda d: d["spec"]["source"].update(uri=""), "spec.source.uri", "at least 1"),
         (lambda d: d["spec"]["source"].update(digest="md5:abc"), "spec.source.digest", "pattern"),

@@ -139,3 +139,23 @@ def test_a_source_failing_at_the_batch_max_refuses_the_spec() -> None:
         "inputs shaped [8, 3]: view(1, -1); lower that max in spec.inputs[].dynamicDims (or `--dim "
         "NAME=MIN:OPT:MAX`) to the largest size the model holds"
     )
+
+
+def test_an_input_holding_the_batch_on_another_axis_is_stacked_along_it() -> None:
+    """An RNN's state ([layers, batch, hidden]) carries the batch on axis 1: stacked along axis 0 it
+    grew the layers, and the source refused the batch max (the LSTM's initial_h shape)."""
+    from tests.unit.test_inputs_and_layout import STATE_SIG
+
+    feeds = [
+        {
+            "tokens": np.full((1, 5), i, np.int64),
+            "h0": np.full((2, 1, 4), 10 + i, np.float32),
+            "scale": np.ones(4, np.float32),
+        }
+        for i in range(3)
+    ]
+    reference = RunResults("onnx:m", ["y"], [[f["h0"]] for f in feeds], feeds)
+    feed = BatchCheck(STATE_SIG, reference, lambda inputs: reference).feed(4)
+    assert feed["tokens"].shape == (4, 5) and feed["h0"].shape == (2, 4, 4)
+    assert feed["h0"][0, :, 0].tolist() == [10, 11, 12, 10]  # each sample's state beside its tokens
+    assert feed["tokens"][:, 0].tolist() == [0, 1, 2, 0] and feed["scale"].shape == (4,)

@@ -117,6 +117,47 @@ def test_dataset_split_into_samples(tmp_path: Path) -> None:
     assert len(feeds) == 5 and feeds[0]["ids"].shape == (1, 16) and feeds[0]["mask"].dtype == np.int64
 
 
+STATE_SIG = [
+    InputSpec.model_validate(
+        {
+            "name": "tokens",
+            "dtype": "int64",
+            "shape": [-1, 5],
+            "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],
+        }
+    ),
+    InputSpec.model_validate(
+        {
+            "name": "h0",
+            "shape": [2, -1, 4],
+            "dynamicDims": [{"axis": 1, "name": "batch", "min": 1, "opt": 1, "max": 8}],
+        }
+    ),
+    InputSpec.model_validate({"name": "scale", "shape": [4]}),
+]
+
+
+def test_a_dataset_is_cut_into_samples_along_each_inputs_batch_axis(tmp_path: Path) -> None:
+    """An RNN's state holds its samples on axis 1 ([layers, batch, hidden]); an input without the
+    batch dim is every sample's."""
+    path = tmp_path / "d.npz"
+    h0 = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    scale = np.arange(4, dtype=np.float32)
+    np.savez(path, tokens=np.arange(15).reshape(3, 5), h0=h0, scale=scale)
+    feeds, _ = inputs.load_dataset(path, STATE_SIG)
+    assert len(feeds) == 3
+    assert feeds[1]["tokens"].shape == (1, 5) and feeds[1]["h0"].shape == (2, 1, 4)
+    assert (feeds[1]["h0"][:, 0] == h0[:, 1]).all()
+    assert all((f["scale"] == scale).all() for f in feeds)
+
+
+def test_a_dataset_whose_inputs_disagree_on_samples_names_each_axis(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, tokens=np.zeros((3, 5), np.int64), h0=np.zeros((2, 2, 4)), scale=np.zeros(4))
+    with pytest.raises(inputs.InputMismatch, match=r"tokens: 3 \(axis 0\), h0: 2 \(axis 1\)"):
+        inputs.load_dataset(path, STATE_SIG)
+
+
 @pytest.mark.parametrize(
     ("arrays", "phrase"),
     [
@@ -250,3 +291,16 @@ def test_an_image_bounded_below_the_guess_keeps_its_own_range() -> None:
     (doc,) = input_specs([image], {})
     ranges = [(d["name"], d["min"], d["opt"], d["max"]) for d in doc["dynamicDims"]]
     assert ranges == [("batch", 1, 1, 32), ("h", 2, 16, 16), ("w", 32, 224, 512)]
+
+
+def test_inputs_sharing_a_dim_name_share_its_guessed_range() -> None:
+    """An LSTM's tokens [batch, seq] and state [layers, batch, hidden]: the state's batch (axis 1)
+    was guessed as another dim (1..256, opt 16), so the reference inputs disagreed on the batch."""
+    from kompile.compile_jobs.signature import Dim, Input, input_specs
+
+    state = Input("h0", "float32", [2, Dim("batch"), 96])
+    tokens = Input("tokens", "int64", [Dim("batch"), Dim("seq")])
+    for order in ([state, tokens], [tokens, state]):
+        docs = {d["name"]: d["dynamicDims"] for d in input_specs(order, {})}
+        assert docs["h0"] == [{"axis": 1, "name": "batch", "min": 1, "opt": 1, "max": 32}], docs
+        assert docs["tokens"][0] == {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32}
