@@ -476,6 +476,8 @@ def compile_step(
     except (BackendError, OptionsError) as err:
         # A backend's own environment names its failures (EnvironmentMissing, EnvironmentFailed).
         _fail(ts, getattr(err, "reason", "CompileFailed"), err)
+        # Said as it happens, as a failed validation is: the summary table shows only the reason.
+        ctx.reporter.stage(label, f"failed to compile: {ts.message}")
         return None
     ts.compile_seconds = round(time.perf_counter() - started, 3)
     return artifact, runner

@@ -51,6 +51,8 @@ def test_fastest_validated_candidate_wins_and_every_candidate_is_recorded(
     assert list(cands) == ["slow", "fast", "broken", "noisy"]
     assert cands["broken"]["phase"] == "Failed" and cands["broken"]["reason"] == "CompileFailed"
     assert "failCompile" in cands["broken"]["message"]
+    # Said as it happens, as a failed validation is: the table shows CompileFailed and no why.
+    assert f"[cpu/broken] failed to compile: {cands['broken']['message']}" in res.stderr, res.stderr
     assert cands["noisy"]["phase"] == "Failed" and cands["noisy"]["reason"] == "ValidationFailed"
     assert not cands["noisy"]["latency"]  # only validated candidates are timed
     assert [n for n, c in cands.items() if c["selected"]] == ["fast"]
