@@ -147,7 +147,12 @@ def signature(folder: Path) -> list[dict[str, Any]]:
     size = _image_size(folder, config) if main == "pixel_values" else None
     if size is not None:
         channels = int(config.get("num_channels", 3))
-        return [{"name": "pixel_values", "dtype": "float32", "shape": [("batch", None), channels, *size]}]
+        # A video model (VideoMAE, TimeSformer, ViViT) takes clips of num_frames images, frames
+        # first: [batch, frames, channels, height, width] (its position embeddings fix the count).
+        frames = config.get("num_frames")
+        clip = [frames] if isinstance(frames, int) and frames > 0 else []
+        shape = [("batch", None), *clip, channels, *size]
+        return [{"name": "pixel_values", "dtype": "float32", "shape": shape}]
     raise SourceError(
         f"{folder}: kompile reads the inputs of text models (token ids) and image models (pixel_values "
         "with image_size in config.json or a size in preprocessor_config.json); this one takes "

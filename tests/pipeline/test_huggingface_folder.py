@@ -74,6 +74,34 @@ def test_a_vision_folder_gets_pixel_values_from_its_config(tmp_path: Path) -> No
     assert doc["spec"]["source"]["uri"] == "vit"
 
 
+def test_a_video_folder_gets_clips_of_its_frames(tmp_path: Path) -> None:
+    """VideoMAE takes pixel_values [batch, frames, channels, height, width]; kompile gave it an
+    image's [batch, 3, 32, 32], and the run failed (`not enough values to unpack (expected 5, got
+    4)`). config.json's num_frames (VideoMAE, TimeSformer, ViViT) makes it a clip of that many."""
+    from transformers import VideoMAEConfig, VideoMAEForVideoClassification
+
+    config = VideoMAEConfig(
+        image_size=32, patch_size=16, num_frames=4, tubelet_size=2, hidden_size=32,
+        num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=3,
+    )  # fmt: skip
+    VideoMAEForVideoClassification(config).save_pretrained(tmp_path / "videomae")
+    code, out, err = _cli(
+        "run", str(tmp_path / "videomae"), "--json", "--work-dir", str(tmp_path / ".kompile"),
+        "--no-register", "--backend", "onnxruntime",
+    )  # fmt: skip
+    assert code == 0, err
+    assert [t["phase"] for t in json.loads(out)["targets"]] == ["Succeeded"], out
+    written = yaml.safe_load(err[err.index("apiVersion:") :])
+    assert written["spec"]["inputs"] == [
+        {
+            "name": "pixel_values",
+            "dtype": "float32",
+            "shape": [-1, 4, 3, 32, 32],
+            "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}],  # a clip's batch
+        }
+    ]
+
+
 def test_a_vision_folder_without_image_size_reads_its_image_processor(tmp_path: Path) -> None:
     """Hugging Face's ResNet (microsoft/resnet-50 and its fine-tunes) has no image_size in its
     config: "kompile reads the inputs of ... image models (pixel_values with image_size in
