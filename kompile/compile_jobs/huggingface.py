@@ -3,9 +3,10 @@
 transformer models reach a platform team. The class is the one `config.json` names (its first
 `architectures` entry, else AutoModel), loaded from the folder alone: nothing is downloaded, and code
 shipped in a folder (`auto_map`, trust_remote_code) is refused rather than run. The signature comes
-from the tokenizer's input names (token ids, mask, segment ids) or, for vision models, the image
-size in the config; source_module.SourceModule then calls the model by those names and flattens its
-ModelOutput."""
+from the tokenizer's input names (token ids, mask, segment ids), for vision models the image size
+in the config (both for a text-and-image model, from its text and vision configs), for speech
+models a waveform or the log-mel frames the config fixes; source_module.SourceModule then calls the
+model by those names and flattens its ModelOutput."""
 
 from __future__ import annotations
 
@@ -135,29 +136,101 @@ def _tokenizer_inputs(folder: Path) -> list[str] | None:
 
 def signature(folder: Path) -> list[dict[str, Any]]:
     """The inputs as signature.Input fields (name, dtype, shape with dims as (name, max)), in the
-    order the model's forward() takes them; SourceError where the model's main input is neither
-    token ids nor an image."""
+    order the model's forward() takes them; SourceError where the model's main input is none of
+    token ids, an image, a waveform or a spectrogram."""
     config = check_folder(folder)
     cls = model_class(config)
     main = getattr(cls, "main_input_name", "input_ids")
     if cls.__name__ == "AutoModel":  # resolved only at load: text and vision encoders alike
         main = "pixel_values" if "image_size" in config or "vision_config" in config else "input_ids"
-    if main == "input_ids":
-        return _text_signature(folder, config, cls)
-    size = _image_size(folder, config) if main == "pixel_values" else None
-    if size is not None:
-        channels = int(config.get("num_channels", 3))
-        # A video model (VideoMAE, TimeSformer, ViViT) takes clips of num_frames images, frames
-        # first: [batch, frames, channels, height, width] (its position embeddings fix the count).
-        frames = config.get("num_frames")
-        clip = [frames] if isinstance(frames, int) and frames > 0 else []
-        shape = [("batch", None), *clip, channels, *size]
-        return [{"name": "pixel_values", "dtype": "float32", "shape": shape}]
-    raise SourceError(
-        f"{folder}: kompile reads the inputs of text models (token ids) and image models (pixel_values "
-        "with image_size in config.json or a size in preprocessor_config.json); this one takes "
-        f"{main!r}: write spec.inputs in a manifest"
+    params = _forward_params(cls)
+    if main in ("input_values", "input_features"):
+        inputs = _audio_signature(folder, config, main)
+        if config.get("is_encoder_decoder") and params is not None and "decoder_input_ids" in params:
+            # Whisper's decoder, teacher-forced on given tokens as a text encoder-decoder's is.
+            inputs += _token_inputs(folder, config, ["decoder_input_ids"])
+        return inputs
+    # A text-and-image model (CLIP, SigLIP) takes pixel_values beside the tokens.
+    image = (
+        _image_input(folder, config) if main == "pixel_values" or "pixel_values" in (params or ()) else None
     )
+    if main == "input_ids":
+        inputs = _text_signature(folder, config, params)
+        if image is not None:
+            order = params or []
+            inputs = sorted(
+                [*inputs, image], key=lambda i: order.index(i["name"]) if i["name"] in order else 0
+            )
+        return inputs
+    if image is not None:
+        return [image]
+    raise SourceError(
+        f"{folder}: kompile reads the inputs of text models (token ids), image models (pixel_values "
+        "with image_size in config.json or a size in preprocessor_config.json) and speech models "
+        f"(a waveform or log-mel frames); this one takes {main!r}: write spec.inputs in a manifest"
+    )
+
+
+def _forward_params(cls: Any) -> list[str] | None:
+    """forward()'s parameter names; None for AutoModel, whose class is chosen at load."""
+    if cls.__name__ == "AutoModel":
+        return None
+    try:
+        return list(inspect.signature(cls.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _image_input(folder: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """pixel_values at the size the model takes (a text-and-image model's vision_config says it),
+    a video model's clip of frames; None where nothing says the size."""
+    vision = config.get("vision_config")
+    if "image_size" not in config and isinstance(vision, dict):
+        config = vision
+    size = _image_size(folder, config)
+    if size is None:
+        return None
+    channels = int(config.get("num_channels", 3))
+    # A video model (VideoMAE, TimeSformer, ViViT) takes clips of num_frames images, frames
+    # first: [batch, frames, channels, height, width] (its position embeddings fix the count).
+    frames = config.get("num_frames")
+    clip = [frames] if isinstance(frames, int) and frames > 0 else []
+    return {"name": "pixel_values", "dtype": "float32", "shape": [("batch", None), *clip, channels, *size]}
+
+
+def _audio_signature(folder: Path, config: dict[str, Any], main: str) -> list[dict[str, Any]]:
+    """A speech model's input: Whisper's log-mel frames (exactly two per encoder position: 3000
+    for 30 s, anything else it refuses), the Audio Spectrogram Transformer's [max_length frames,
+    num_mel_bins], else a 16 kHz waveform (wav2vec2, HuBERT, WavLM), with the mask beside it
+    where its feature extractor gives one (the layer-norm variants are trained with it)."""
+    mel, batch = config.get("num_mel_bins"), ("batch", None)
+    if isinstance(mel, int) and isinstance(config.get("max_source_positions"), int):
+        frames = 2 * int(config["max_source_positions"])
+        return [{"name": main, "dtype": "float32", "shape": [batch, mel, frames]}]
+    if isinstance(mel, int) and isinstance(config.get("max_length"), int):
+        return [{"name": main, "dtype": "float32", "shape": [batch, int(config["max_length"]), mel]}]
+    if main != "input_values":
+        raise SourceError(
+            f"{folder}: a speech model taking {main!r} whose config.json says neither num_mel_bins with "
+            "max_source_positions (Whisper) nor with max_length: write spec.inputs in a manifest"
+        )
+    samples = ("samples", None)
+    inputs: list[dict[str, Any]] = [{"name": main, "dtype": "float32", "shape": [batch, samples]}]
+    if _preprocessor(folder).get("return_attention_mask") is True:
+        low, high = token_range("attention_mask")
+        inputs.append(
+            {"name": "attention_mask", "dtype": "int64", "shape": [batch, samples], "low": low, "high": high}
+        )
+    return inputs
+
+
+def _preprocessor(folder: Path) -> dict[str, Any]:
+    """preprocessor_config.json (an image processor's or feature extractor's), {} where none."""
+    try:
+        doc = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _image_size(folder: Path, config: dict[str, Any]) -> tuple[int, int] | None:
@@ -169,12 +242,7 @@ def _image_size(folder: Path, config: dict[str, Any]) -> tuple[int, int] | None:
         return configured, configured
     if isinstance(configured, list) and len(configured) == 2 and all(isinstance(d, int) for d in configured):
         return configured[0], configured[1]  # [height, width] (Swin, DeiT configs may say so)
-    try:
-        processor = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(processor, dict):
-        return None
+    processor = _preprocessor(folder)
     cropped = processor.get("do_center_crop", "crop_size" in processor)
     for key in ("crop_size", "size") if cropped else ("size",):
         size = _height_width(processor.get(key))
@@ -197,36 +265,43 @@ def _height_width(size: Any) -> tuple[int, int] | None:
     return None
 
 
-def _text_signature(folder: Path, config: dict[str, Any], cls: Any) -> list[dict[str, Any]]:
+def _text_signature(folder: Path, config: dict[str, Any], params: list[str] | None) -> list[dict[str, Any]]:
+    """The token inputs the tokenizer names (ids and a mask without one), in forward()'s order."""
     named = _tokenizer_inputs(folder) or ["input_ids", "attention_mask"]
-    try:
-        params = list(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError, AttributeError):  # AutoModel: its class is chosen at load
-        params = list(_TEXT_INPUTS)
+    params = params if params is not None else list(_TEXT_INPUTS)
     if config.get("is_encoder_decoder") and "decoder_input_ids" in params:
         # An encoder-decoder (T5, BART) runs its decoder too: one teacher-forced pass over given
         # decoder tokens (without them it failed "You must specify exactly one of input_ids ...").
         named = [*named, "decoder_input_ids"]
     order = [p for p in params if p in named and p in _TEXT_INPUTS] or ["input_ids"]
+    return _token_inputs(folder, config, order)
+
+
+def _token_inputs(folder: Path, config: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
+    """Token inputs up to the positions the model holds (MAX_SEQUENCE at most), ids over its
+    vocabulary: read from its text config (a text-and-image model's text_config), where a decoder's
+    own bound (Whisper's max_target_positions) comes first for decoder tokens."""
     # Through transformers' config: it maps each family's own key (GPT-2's n_positions) to these.
     try:
         with _offline():
             from transformers import AutoConfig
 
             resolved = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, KeyError):
-        resolved = None
-    positions = getattr(resolved, "max_position_embeddings", None) or config.get("max_position_embeddings")
-    longest = min(int(positions or MAX_SEQUENCE), MAX_SEQUENCE)
-    vocab = int(getattr(resolved, "vocab_size", None) or config.get("vocab_size") or 100)
-    ranges = {name: token_range(name, vocab) for name in order}
-    return [
-        {
-            "name": name,
-            "dtype": "int64",
-            "shape": [("batch", None), ("decoder_sequence" if "decoder" in name else "sequence", longest)],
-            "low": ranges[name][0],
-            "high": ranges[name][1],
-        }
-        for name in order
-    ]
+        text = resolved.get_text_config()
+    except (OSError, ValueError, KeyError, AttributeError):
+        text = None
+    raw = config.get("text_config")
+    raw = raw if isinstance(raw, dict) else config
+    positions = getattr(text, "max_position_embeddings", None) or raw.get("max_position_embeddings")
+    decoder_positions = getattr(text, "max_target_positions", None) or positions
+    vocab = int(getattr(text, "vocab_size", None) or raw.get("vocab_size") or 100)
+    docs = []
+    for name in names:
+        decoder = "decoder" in name
+        longest = min(int((decoder_positions if decoder else positions) or MAX_SEQUENCE), MAX_SEQUENCE)
+        low, high = token_range(name, vocab)
+        dim = ("decoder_sequence" if decoder else "sequence", longest)
+        docs.append(
+            {"name": name, "dtype": "int64", "shape": [("batch", None), dim], "low": low, "high": high}
+        )
+    return docs

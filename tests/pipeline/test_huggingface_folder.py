@@ -322,3 +322,106 @@ def test_a_model_folder_under_another_format_says_which_to_set(tmp_path: Path, f
     message = str(err.value)
     assert "is a Hugging Face model folder" in message and "without config.json" not in message
     assert f"format {fmt} reads one file" in message and "format huggingface" in message, message
+
+
+def _run_folder(folder: Path, tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`kompile run FOLDER --backend onnxruntime`: the inputs of the manifest it wrote, its status."""
+    work = str(tmp_path / ".kompile")
+    code, out, err = _cli(
+        "run", str(folder), "--backend", "onnxruntime", "--json", "--work-dir", work, "--no-register"
+    )
+    assert code == 0, err
+    written = yaml.safe_load(err[err.index("apiVersion:") :])
+    return written["spec"]["inputs"], json.loads(out)
+
+
+def test_a_text_and_image_folder_gets_both_inputs(tmp_path: Path) -> None:
+    """CLIP (SigLIP alike) takes token ids and pixel_values; kompile gave it the tokens alone, at
+    512 positions where its text config holds 32, and the run failed: `CLIPModel failed on inputs
+    shaped {'input_ids': [1, 128], 'attention_mask': [1, 128]}: AttributeError: 'NoneType' object
+    has no attribute 'shape' (at modeling_clip.py:203)`."""
+    from transformers import CLIPConfig, CLIPModel
+
+    text = {"vocab_size": 100, "max_position_embeddings": 24, "bos_token_id": 0, "eos_token_id": 1}
+    layers = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    config = CLIPConfig(
+        text_config=text | layers,
+        vision_config=layers | {"image_size": 32, "patch_size": 8},
+        projection_dim=16,
+    )
+    CLIPModel(config).save_pretrained(tmp_path / "clip")
+    inputs, status = _run_folder(tmp_path / "clip", tmp_path)
+    assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
+    by_name = {i["name"]: i for i in inputs}
+    assert list(by_name) == ["input_ids", "pixel_values", "attention_mask"]  # forward()'s order
+    assert by_name["input_ids"]["high"] == 100
+    assert by_name["input_ids"]["dynamicDims"][1] == {
+        "axis": 1,
+        "name": "sequence",
+        "min": 1,
+        "opt": 24,
+        "max": 24,
+    }
+    assert by_name["pixel_values"]["shape"] == [-1, 3, 32, 32]
+
+
+def test_a_speech_folder_gets_a_waveform_and_its_mask_where_its_extractor_gives_one(tmp_path: Path) -> None:
+    """wav2vec2 (HuBERT, WavLM alike) takes a 16 kHz waveform: `kompile reads the inputs of text
+    models (token ids) and image models ...; this one takes 'input_values': write spec.inputs`."""
+    from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC
+
+    config = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=20,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, feat_extract_norm="layer",
+    )  # fmt: skip
+    folder = tmp_path / "wav2vec2"
+    Wav2Vec2ForCTC(config).save_pretrained(folder)
+    Wav2Vec2FeatureExtractor(return_attention_mask=True).save_pretrained(folder)
+    inputs, status = _run_folder(folder, tmp_path)
+    assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
+    samples = {"axis": 1, "name": "samples", "min": 400, "opt": 16000, "max": 160000}  # 25 ms to 10 s
+    assert [(i["name"], i["dtype"], i["dynamicDims"][1]) for i in inputs] == [
+        ("input_values", "float32", samples),
+        ("attention_mask", "int64", samples),
+    ]
+    # An extractor that gives no mask (wav2vec2-base's): the waveform alone.
+    Wav2Vec2FeatureExtractor(return_attention_mask=False).save_pretrained(folder)
+    code, _, err = _cli("init", str(folder))
+    assert code == 0, err
+    written = yaml.safe_load((tmp_path / "wav2vec2.yaml").read_text())["spec"]["inputs"]
+    assert [i["name"] for i in written] == ["input_values"]
+
+
+def test_a_whisper_folder_gets_its_log_mel_frames_and_decoder_tokens(tmp_path: Path) -> None:
+    """Whisper's encoder takes exactly 2 log-mel frames per position (3000 for 30 s), its decoder
+    the tokens so far: `this one takes 'input_features': write spec.inputs in a manifest`."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = WhisperConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
+        max_source_positions=40, max_target_positions=24, decoder_start_token_id=1, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    WhisperForConditionalGeneration(config).save_pretrained(tmp_path / "whisper")
+    inputs, status = _run_folder(tmp_path / "whisper", tmp_path)
+    assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
+    features, tokens = inputs
+    assert (features["name"], features["shape"]) == ("input_features", [-1, 16, 80])
+    assert (tokens["name"], tokens["high"]) == ("decoder_input_ids", 100)
+    assert tokens["dynamicDims"][1] == {"axis": 1, "name": "decoder_sequence", "min": 1, "opt": 24, "max": 24}
+
+
+def test_an_audio_spectrogram_folder_gets_its_frames_by_mel_bins(tmp_path: Path) -> None:
+    # The Audio Spectrogram Transformer takes input_values too, but [batch, max_length, num_mel_bins].
+    from transformers import ASTConfig, ASTForAudioClassification
+
+    config = ASTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_length=48,
+        num_mel_bins=32, patch_size=16, frequency_stride=16, time_stride=16, num_labels=3,
+    )  # fmt: skip
+    ASTForAudioClassification(config).save_pretrained(tmp_path / "ast")
+    inputs, status = _run_folder(tmp_path / "ast", tmp_path)
+    assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
+    assert [(i["name"], i["shape"]) for i in inputs] == [("input_values", [-1, 48, 32])]
