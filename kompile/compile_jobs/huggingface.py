@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kompile.compile_jobs import sentence_pooling
 from kompile.compile_jobs.signature import token_range
 from kompile.compile_jobs.source_files import SourceError, quiet_torch_loading
 
@@ -56,6 +57,9 @@ def check_folder(folder: Path) -> dict[str, Any]:
             f"{folder}: a model config without weights: expected one of {', '.join(WEIGHT_FILES)} "
             "beside config.json (save_pretrained writes them)"
         )
+    entries = sentence_pooling.modules(folder)
+    if entries is not None:  # a sentence-transformers model: refused here where kompile cannot compose it
+        sentence_pooling.pooling_plan(folder, entries)
     return config
 
 
@@ -104,7 +108,8 @@ def model_class(config: dict[str, Any]) -> Any:
 def load(folder: Path) -> Any:
     """The model in eval mode and float32, with eager attention (what the ONNX exporters trace
     exactly). transformers 5 loads a checkpoint in its saved dtype: a bf16 one would make the
-    reference and the export bf16, where every target's precision starts from fp32."""
+    reference and the export bf16, where every target's precision starts from fp32. A
+    sentence-transformers folder comes with its pooling (sentence_pooling.SentenceEmbedder)."""
     import torch
 
     config = check_folder(folder)
@@ -117,6 +122,10 @@ def load(folder: Path) -> Any:
     except (OSError, ValueError, ImportError, KeyError, RuntimeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise SourceError(f"{folder}: transformers cannot load it as {cls.__name__}: {first}") from None
+    entries = sentence_pooling.modules(folder)
+    if entries is not None:
+        modes, normalize = sentence_pooling.pooling_plan(folder, entries)
+        return sentence_pooling.SentenceEmbedder(model, modes, normalize).eval()
     return model.eval()
 
 
@@ -294,6 +303,8 @@ def _token_inputs(folder: Path, config: dict[str, Any], names: list[str]) -> lis
     raw = raw if isinstance(raw, dict) else config
     positions = getattr(text, "max_position_embeddings", None) or raw.get("max_position_embeddings")
     decoder_positions = getattr(text, "max_target_positions", None) or positions
+    # A sentence-transformers model is trained to (and truncates at) its max_seq_length.
+    positions = min(int(positions or MAX_SEQUENCE), sentence_pooling.max_seq_length(folder) or MAX_SEQUENCE)
     vocab = int(getattr(text, "vocab_size", None) or raw.get("vocab_size") or 100)
     docs = []
     for name in names:

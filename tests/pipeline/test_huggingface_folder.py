@@ -425,3 +425,66 @@ def test_an_audio_spectrogram_folder_gets_its_frames_by_mel_bins(tmp_path: Path)
     inputs, status = _run_folder(tmp_path / "ast", tmp_path)
     assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
     assert [(i["name"], i["shape"]) for i in inputs] == [("input_values", [-1, 48, 32])]
+
+
+def test_a_sentence_transformers_folder_serves_its_pooled_embedding(
+    minilm_folder: Path, tmp_path: Path
+) -> None:
+    """all-MiniLM-L6-v2 as sentence-transformers saves it (modules.json: Transformer -> mean Pooling
+    -> Normalize; trained to 256 tokens). Loaded as the bare BertModel it served last_hidden_state
+    and BERT's pooler_output, which sentence-transformers never trained: the embedding its users
+    call it for was in neither. Real weights, real sentences."""
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from kompile.compile_jobs import huggingface
+
+    code, _, err = _cli("init", str(minilm_folder))
+    assert code == 0, err
+    written = yaml.safe_load((tmp_path / "minilm.yaml").read_text())["spec"]["inputs"]
+    assert {i["dynamicDims"][1]["max"] for i in written} == {256}  # sentence_bert_config's max_seq_length
+    # The embedding as the model card computes it (mean of the unpadded tokens, L2-normalized).
+    sentences = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby."]
+    tokens = AutoTokenizer.from_pretrained(minilm_folder)(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = AutoModel.from_pretrained(minilm_folder)(**tokens).last_hidden_state
+        mask = tokens["attention_mask"].unsqueeze(-1).float()
+        card = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=1).numpy()
+        out = huggingface.load(minilm_folder)(**tokens)
+    assert list(out) == ["token_embeddings", "sentence_embedding"]
+    embedding = out["sentence_embedding"].numpy()
+    np.testing.assert_allclose(embedding, card, atol=1e-5)
+    similar, unrelated = float(embedding[0] @ embedding[1]), float(embedding[0] @ embedding[2])
+    assert similar > 0.5 > unrelated, (similar, unrelated)
+    # Compiled: both outputs gated, the sentence embedding among them.
+    work = str(tmp_path / ".kompile")
+    code, out_text, err = _cli(
+        "run", str(minilm_folder), "--json", "--work-dir", work, "--no-register", "--backend", "onnxruntime",
+        "--dim", "sequence=1:16:64", "--dim", "batch=1:1:4",
+    )  # fmt: skip
+    assert code == 0, err
+    (target,) = json.loads(out_text)["targets"]
+    gated = {o["name"]: o["cosine"] for o in target["validation"]["outputs"]}
+    assert target["phase"] == "Succeeded" and list(gated) == ["token_embeddings", "sentence_embedding"], (
+        target
+    )
+    assert gated["sentence_embedding"] > 0.9999, gated
+
+
+def test_a_sentence_transformers_folder_kompile_cannot_compose_says_what_to_give(
+    minilm_folder: Path,
+) -> None:
+    modules_file = minilm_folder / "modules.json"
+    modules = json.loads(modules_file.read_text())
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    modules_file.write_text(json.dumps([*modules, dense]))
+    code, _, err = _cli("init", str(minilm_folder))
+    text = " ".join(err.split())
+    assert code == 2 and "sentence_transformers.models.Dense" in text and "python://" in text, text
+    modules_file.write_text(json.dumps(modules))
+    pooling = minilm_folder / "1_Pooling" / "config.json"
+    pooling.write_text(json.dumps({"word_embedding_dimension": 384, "pooling_mode_mean_tokens": False}))
+    code, _, err = _cli("run", str(minilm_folder), "--no-register")
+    text = " ".join(err.split())
+    assert code == 2 and "names no pooling mode" in text and "Traceback" not in text, text
