@@ -409,6 +409,8 @@ def test_a_whisper_folder_gets_its_log_mel_frames_and_decoder_tokens(tmp_path: P
     assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
     features, tokens = inputs
     assert (features["name"], features["shape"]) == ("input_features", [-1, 16, 80])
+    batch = {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8}  # 30 s clips: batches of 8 at most
+    assert features["dynamicDims"] == [batch] and tokens["dynamicDims"][0] == batch
     assert (tokens["name"], tokens["high"]) == ("decoder_input_ids", 100)
     assert tokens["dynamicDims"][1] == {"axis": 1, "name": "decoder_sequence", "min": 1, "opt": 24, "max": 24}
 
