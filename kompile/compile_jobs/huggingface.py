@@ -153,16 +153,33 @@ def signature(folder: Path) -> list[dict[str, Any]]:
     if cls.__name__ == "AutoModel":  # resolved only at load: text and vision encoders alike
         main = "pixel_values" if "image_size" in config or "vision_config" in config else "input_ids"
     params = _forward_params(cls)
-    if main in ("input_values", "input_features"):
-        inputs = _audio_signature(folder, config, main)
-        if config.get("is_encoder_decoder") and params is not None and "decoder_input_ids" in params:
-            # Whisper's decoder, teacher-forced on given tokens as a text encoder-decoder's is.
-            inputs += _token_inputs(folder, config, ["decoder_input_ids"])
-        return inputs
     # A text-and-image model (CLIP, SigLIP) takes pixel_values beside the tokens.
     image = (
         _image_input(folder, config) if main == "pixel_values" or "pixel_values" in (params or ()) else None
     )
+    if main == "input_ids":
+        inputs = _text_signature(folder, config, params)
+        if image is not None:
+            order = params or []
+            inputs = sorted(
+                [*inputs, image], key=lambda i: order.index(i["name"]) if i["name"] in order else 0
+            )
+        return inputs
+    if main in ("input_values", "input_features"):
+        inputs = _audio_signature(folder, config, main)
+    elif image is not None:
+        inputs = [image]
+    else:
+        raise SourceError(
+            f"{folder}: kompile reads the inputs of text models (token ids), image models (pixel_values "
+            "with image_size in config.json or a size in preprocessor_config.json) and speech models "
+            f"(a waveform or log-mel frames); this one takes {main!r}: write spec.inputs in a manifest"
+        )
+    if config.get("is_encoder_decoder") and params is not None and "decoder_input_ids" in params:
+        # Whisper's or an image-to-text model's decoder (TrOCR, Donut), teacher-forced on given
+        # tokens as a text encoder-decoder's is: without them it fails at the first call.
+        inputs += _token_inputs(folder, config, ["decoder_input_ids"])
+    return inputs
     if main == "input_ids":
         inputs = _text_signature(folder, config, params)
         if image is not None:
@@ -193,7 +210,8 @@ def _forward_params(cls: Any) -> list[str] | None:
 def _image_input(folder: Path, config: dict[str, Any]) -> dict[str, Any] | None:
     """pixel_values at the size the model takes (a text-and-image model's vision_config says it),
     a video model's clip of frames; None where nothing says the size."""
-    vision = config.get("vision_config")
+    # A text-and-image model's vision_config, an image-to-text encoder-decoder's encoder.
+    vision = config.get("vision_config", config.get("encoder"))
     if "image_size" not in config and isinstance(vision, dict):
         config = vision
     size = _image_size(folder, config)
@@ -303,7 +321,7 @@ def _token_inputs(folder: Path, config: dict[str, Any], names: list[str]) -> lis
         text = resolved.get_text_config()
     except (OSError, ValueError, KeyError, AttributeError):
         text = None
-    raw = config.get("text_config")
+    raw = config.get("text_config", config.get("decoder"))
     raw = raw if isinstance(raw, dict) else config
     positions = getattr(text, "max_position_embeddings", None) or raw.get("max_position_embeddings")
     decoder_positions = getattr(text, "max_target_positions", None) or positions

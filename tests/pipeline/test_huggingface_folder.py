@@ -415,6 +415,34 @@ def test_a_whisper_folder_gets_its_log_mel_frames_and_decoder_tokens(tmp_path: P
     assert tokens["dynamicDims"][1] == {"axis": 1, "name": "decoder_sequence", "min": 1, "opt": 24, "max": 24}
 
 
+def test_an_image_to_text_folder_gets_pixel_values_and_decoder_tokens(tmp_path: Path) -> None:
+    """TrOCR (Donut alike): a VisionEncoderDecoderModel, its image size in config.json's encoder,
+    its vocabulary and positions in its decoder; `this one takes 'pixel_values': write spec.inputs`."""
+    from transformers import TrOCRConfig, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig
+
+    encoder = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+    )
+    decoder = TrOCRConfig(
+        vocab_size=100, d_model=32, decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64,
+        max_position_embeddings=40, decoder_start_token_id=2, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+    )  # fmt: skip
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id, config.pad_token_id = 2, 1
+    VisionEncoderDecoderModel(config).save_pretrained(tmp_path / "trocr")
+    inputs, status = _run_folder(tmp_path / "trocr", tmp_path)
+    assert [t["phase"] for t in status["targets"]] == ["Succeeded"], status["targets"]
+    image, tokens = inputs
+    assert (image["name"], image["shape"]) == ("pixel_values", [-1, 3, 32, 32])
+    assert (tokens["name"], tokens["high"]) == ("decoder_input_ids", 100)
+    assert tokens["dynamicDims"][1] == {"axis": 1, "name": "decoder_sequence", "min": 1, "opt": 40, "max": 40}
+
+
 def test_an_audio_spectrogram_folder_gets_its_frames_by_mel_bins(tmp_path: Path) -> None:
     # The Audio Spectrogram Transformer takes input_values too, but [batch, max_length, num_mel_bins].
     from transformers import ASTConfig, ASTForAudioClassification
