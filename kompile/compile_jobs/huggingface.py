@@ -180,21 +180,6 @@ def signature(folder: Path) -> list[dict[str, Any]]:
         # tokens as a text encoder-decoder's is: without them it fails at the first call.
         inputs += _token_inputs(folder, config, ["decoder_input_ids"])
     return inputs
-    if main == "input_ids":
-        inputs = _text_signature(folder, config, params)
-        if image is not None:
-            order = params or []
-            inputs = sorted(
-                [*inputs, image], key=lambda i: order.index(i["name"]) if i["name"] in order else 0
-            )
-        return inputs
-    if image is not None:
-        return [image]
-    raise SourceError(
-        f"{folder}: kompile reads the inputs of text models (token ids), image models (pixel_values "
-        "with image_size in config.json or a size in preprocessor_config.json) and speech models "
-        f"(a waveform or log-mel frames); this one takes {main!r}: write spec.inputs in a manifest"
-    )
 
 
 def _forward_params(cls: Any) -> list[str] | None:
