@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
@@ -390,3 +392,46 @@ def test_runner_names_missing_inputs(backend: OnnxRuntimeBackend, cnn: Any, tmp_
         runner.run({"x": np.zeros((1, 3, 32, 32), np.float32)})
     out = runner.run({"input": np.zeros((1, 3, 32, 32), np.float64)})  # dtype converted to the model's
     assert out[0].shape == (1, 10) and runner.output_names == ["logits"]
+
+
+def test_a_fused_graph_onnx_runtime_refuses_to_load_is_built_unfused(
+    kompile_run: Any, tmp_path: Path
+) -> None:
+    """wav2vec2 (as wav2vec2-base-960h is shaped, here small) at a fixed second of audio: ONNX
+    Runtime 1.31 loads the transformer-fused graph only with MatMulAddFusion off (`Attempt to replace
+    the existing tensor`, at ORT_ENABLE_EXTENDED and up), and the target failed CompileFailed where
+    the unfused graph builds and validates. The fusion is an optimization: the artifact is built
+    without it, and its options say why."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    config = Wav2Vec2Config(
+        vocab_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128,
+        conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+    )  # fmt: skip
+    Wav2Vec2ForCTC(config).save_pretrained(tmp_path / "wav2vec2")
+    doc = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "wav2vec2"},
+        "spec": {
+            "source": {"uri": "wav2vec2"},
+            "inputs": [{"name": "input_values", "dtype": "float32", "shape": [1, 16000]}],
+            "targets": [{"name": "cpu", "backend": "onnxruntime", "precision": "fp32"}],
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+            "validation": {"samples": 2},
+        },
+    }
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    res = kompile_run(manifest, "--no-register")
+    (target,) = res.status["targets"]
+    assert res.code == 0 and target["phase"] == "Succeeded", (target.get("message"), res.stderr[-2000:])
+    folder = Path(target["artifact"]["uri"].removeprefix("file://"))
+    options = json.loads((folder / "result.json").read_text())["options"]
+    assert options["transformerFusion"].startswith(
+        "not loadable, built unfused: ONNX Runtime could not load"
+    ), options
+    assert "fusedOps" not in options, options
+    # ONNX Runtime's own log line (colour codes and all) stays out of the progress: the error is said once.
+    assert "\x1b[" not in res.stderr and "[E:onnxruntime" not in res.stderr, res.stderr[-2000:]

@@ -406,6 +406,13 @@ def quantize_static(
     return dst
 
 
+_NOT_LOADED = "ONNX Runtime could not load"
+# What fuse_transformer writes into the record, taken out again where its graph is not used.
+_FUSION_RECORD = (
+    "numHeads", "hiddenSize", "attentionMask", "skipLayerNorm", "geluApproximation", "fusedOps", "sdpaFusion",
+)  # fmt: skip
+
+
 def optimize_and_save(
     src: Path, dst: Path, level: str, threads: int, disabled: list[str], data_file: str | None = None
 ) -> None:
@@ -420,10 +427,12 @@ def optimize_and_save(
         # ONNX Runtime's own threshold: scales and shapes stay in the graph, weights go out.
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     so.intra_op_num_threads = threads
+    # Its log would print the error again, in colour, amid the progress: the BackendError says it.
+    so.log_severity_level = 4
     try:
         ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
     except ORT_ERRORS as err:
-        raise BackendError(f"ONNX Runtime could not load {src}: {err}") from err
+        raise BackendError(f"{_NOT_LOADED} {src}: {err}") from err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,20 +535,36 @@ class OnnxRuntimeBackend(Backend):
         if external:
             record["externalData"] = "true"
         mode = target.quantization or ("dynamic" if model_type != "none" else "static")
-        graph = request.onnx()
-        # Static QDQ quantizes plain MatMuls; the fused Attention op would keep its projections fp32.
-        if model_type != "none" and not (target.precision == "int8" and mode == "static"):
-            graph = fuse_transformer(graph, model, work / "fused.onnx", opts, record, external)
-        if target.precision == "int8" and mode == "dynamic":
-            graph = quantize_dynamic(graph, work / "quantized.onnx", opts, record, external)
-        elif target.precision == "int8":
-            weights = {t.name for t in model.graph.initializer}
-            inputs = [i.name for i in model.graph.input if i.name not in weights]
-            graph = quantize_static(graph, inputs, work, request, opts, record, external)
         final = request.out_dir / "model.onnx"
         disabled = [] if opts.skip_layer_norm else ["SkipLayerNormFusion"]
         record["disabledOptimizers"] = ",".join(disabled)
-        optimize_and_save(graph, final, opts.opt_level, threads, disabled, data_file)
+        # Static QDQ quantizes plain MatMuls; the fused Attention op would keep its projections fp32.
+        fuse = model_type != "none" and not (target.precision == "int8" and mode == "static")
+
+        def build(fused: bool) -> None:
+            graph = request.onnx()
+            if fused:
+                graph = fuse_transformer(graph, model, work / "fused.onnx", opts, record, external)
+            if target.precision == "int8" and mode == "dynamic":
+                graph = quantize_dynamic(graph, work / "quantized.onnx", opts, record, external)
+            elif target.precision == "int8":
+                weights = {t.name for t in model.graph.initializer}
+                inputs = [i.name for i in model.graph.input if i.name not in weights]
+                graph = quantize_static(graph, inputs, work, request, opts, record, external)
+            optimize_and_save(graph, final, opts.opt_level, threads, disabled, data_file)
+
+        try:
+            build(fuse)
+        except BackendError as err:
+            if not fuse or not str(err).startswith(_NOT_LOADED):
+                raise
+            # The fusion is an optimization: a graph ONNX Runtime's own optimizers then fail on
+            # (1.31's MatMulAddFusion on wav2vec2's, "Attempt to replace the existing tensor") is
+            # built unfused, as it builds with modelType=none, and the record says why.
+            for key in _FUSION_RECORD:
+                record.pop(key, None)
+            record["transformerFusion"] = f"not loadable, built unfused: {first_line(err)}"
+            build(False)
         # ONNX Runtime keeps weights under its 1 KB threshold in the graph: a small (or int8) model
         # whose source had a data file may get none.
         if data_file and not (final.parent / data_file).is_file():
