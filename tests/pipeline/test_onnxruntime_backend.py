@@ -435,3 +435,23 @@ def test_a_fused_graph_onnx_runtime_refuses_to_load_is_built_unfused(
     assert "fusedOps" not in options, options
     # ONNX Runtime's own log line (colour codes and all) stays out of the progress: the error is said once.
     assert "\x1b[" not in res.stderr and "[E:onnxruntime" not in res.stderr, res.stderr[-2000:]
+
+
+def test_heads_are_read_from_the_layers_not_a_convolutional_front_end(tmp_path: Path) -> None:
+    """wav2vec2 normalizes its convolutional features (512 wide in wav2vec2-base, 32 here) before
+    its transformer layers (768, 64 here): read from the first LayerNormalization, the hidden size
+    was the convolution's, and ONNX Runtime's fusion said `Input hidden size (32) is not same as
+    weight matrix dimension of q,k,v (64)` and fused no attention."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    config = Wav2Vec2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        feat_extract_norm="layer",
+    )  # fmt: skip
+    # Eager attention, as kompile loads a Hugging Face model (its scale is one Mul to read).
+    model = Wav2Vec2Model._from_config(config, attn_implementation="eager").eval()
+    feed = {"input_values": np.zeros((1, 1600), np.float32)}
+    dynamic = {"input_values": {0: "batch", 1: "samples"}}
+    path = torchscript_onnx(model, feed, tmp_path / "wav2vec2.onnx", dynamic, "last_hidden_state")
+    assert detect_heads(load_checked(path)) == (4, 64)

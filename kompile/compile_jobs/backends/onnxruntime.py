@@ -170,7 +170,10 @@ def detect_heads(model: onnx.ModelProto) -> tuple[int, int]:
     """
     consts = _constants(model.graph)
     norms = [n for n in model.graph.node if n.op_type == "LayerNormalization" and len(n.input) > 1]
-    hidden = next((int(np.prod(consts.dims[n.input[1]])) for n in norms if n.input[1] in consts.dims), 0)
+    widths = [int(np.prod(consts.dims[n.input[1]])) for n in norms if n.input[1] in consts.dims]
+    # The width most norms have: two a layer are the hidden size, where the first can be another's
+    # (wav2vec2's convolutional feature encoder normalizes its 512 channels before the 768 layers).
+    hidden = max(widths, key=widths.count) if widths else 0
     scales = _attention_scales(model.graph, consts) or []
     head_dim = round(scales[0] ** -2) if scales else 0
     if not hidden or head_dim < 1 or hidden % head_dim:
