@@ -230,7 +230,7 @@ def _audio_signature(folder: Path, config: dict[str, Any], main: str) -> list[di
             f"{folder}: a speech model taking {main!r} whose config.json says neither num_mel_bins with "
             "max_source_positions (Whisper) nor with max_length: write spec.inputs in a manifest"
         )
-    batch, samples = ("batch", None), ("samples", None)
+    batch, samples = ("batch", None), ("samples", None, _two_frames(config))
     inputs: list[dict[str, Any]] = [{"name": main, "dtype": "float32", "shape": [batch, samples]}]
     if _preprocessor(folder).get("return_attention_mask") is True:
         low, high = token_range("attention_mask")
@@ -238,6 +238,22 @@ def _audio_signature(folder: Path, config: dict[str, Any], main: str) -> list[di
             {"name": "attention_mask", "dtype": "int64", "shape": [batch, samples], "low": low, "high": high}
         )
     return inputs
+
+
+def _two_frames(config: dict[str, Any]) -> int | None:
+    """The fewest samples wav2vec2's convolutional encoder makes two frames of: its receptive field
+    plus its stride (720 for wav2vec2-base's 400 and 320). At one frame torch.export fixes the
+    frame count to 1 and refuses the range (`torch.export suggests samples = Dim('samples',
+    min=720, ...)`); None where the config names no convolutions."""
+    kernels, strides = config.get("conv_kernel"), config.get("conv_stride")
+    if not (isinstance(kernels, list) and isinstance(strides, list) and len(kernels) == len(strides)):
+        return None
+    if not all(isinstance(v, int) and v > 0 for v in kernels + strides):
+        return None
+    field, stride = 1, 1
+    for k, s in zip(kernels, strides, strict=True):
+        field, stride = field + (k - 1) * stride, stride * s
+    return field + stride
 
 
 def _preprocessor(folder: Path) -> dict[str, Any]:

@@ -155,7 +155,10 @@ def _folder_inputs(path: Path) -> list[Input]:
 
     out: list[Input] = []
     for doc in huggingface.signature(path):
-        shape = [s if isinstance(s, int) else Dim(s[0], None, s[1]) for s in doc["shape"]]
+        # A dim is (name, max) or (name, max, min).
+        shape = [
+            s if isinstance(s, int) else Dim(s[0], s[2] if len(s) > 2 else None, s[1]) for s in doc["shape"]
+        ]
         out.append(Input(doc["name"], doc["dtype"], shape, doc.get("low"), doc.get("high")))
     return out
 
