@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kompile.compile_jobs import sentence_pooling
+from kompile.compile_jobs import sentence_modules
 from kompile.compile_jobs.signature import token_range
 from kompile.compile_jobs.source_files import SourceError, quiet_torch_loading
 
@@ -57,9 +57,7 @@ def check_folder(folder: Path) -> dict[str, Any]:
             f"{folder}: a model config without weights: expected one of {', '.join(WEIGHT_FILES)} "
             "beside config.json (save_pretrained writes them)"
         )
-    entries = sentence_pooling.modules(folder)
-    if entries is not None:  # a sentence-transformers model: refused here where kompile cannot compose it
-        sentence_pooling.pooling_plan(folder, entries)
+    sentence_modules.pooling_of(folder)  # a sentence-transformers model kompile cannot compose: refused here
     return config
 
 
@@ -122,10 +120,11 @@ def load(folder: Path) -> Any:
     except (OSError, ValueError, ImportError, KeyError, RuntimeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise SourceError(f"{folder}: transformers cannot load it as {cls.__name__}: {first}") from None
-    entries = sentence_pooling.modules(folder)
-    if entries is not None:
-        modes, normalize = sentence_pooling.pooling_plan(folder, entries)
-        return sentence_pooling.SentenceEmbedder(model, modes, normalize).eval()
+    pooling = sentence_modules.pooling_of(folder)
+    if pooling is not None:
+        from kompile.compile_jobs.sentence_pooling import SentenceEmbedder
+
+        return SentenceEmbedder(model, *pooling).eval()
     return model.eval()
 
 
@@ -327,7 +326,7 @@ def _token_inputs(folder: Path, config: dict[str, Any], names: list[str]) -> lis
     positions = getattr(text, "max_position_embeddings", None) or raw.get("max_position_embeddings")
     decoder_positions = getattr(text, "max_target_positions", None) or positions
     # A sentence-transformers model is trained to (and truncates at) its max_seq_length.
-    positions = min(int(positions or MAX_SEQUENCE), sentence_pooling.max_seq_length(folder) or MAX_SEQUENCE)
+    positions = min(int(positions or MAX_SEQUENCE), sentence_modules.max_seq_length(folder) or MAX_SEQUENCE)
     vocab = int(getattr(text, "vocab_size", None) or raw.get("vocab_size") or 100)
     docs = []
     for name in names:

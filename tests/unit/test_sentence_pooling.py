@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kompile.compile_jobs import sentence_pooling
+from kompile.compile_jobs import sentence_modules, sentence_pooling
 from kompile.compile_jobs.sentence_pooling import SentenceEmbedder
 
 # Two sentences of 2 tokens, the first padded on the right, the second on the left; the padding's
@@ -22,7 +22,7 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("mode", sentence_pooling.MODES)
+@pytest.mark.parametrize("mode", sentence_modules.MODES)
 def test_each_mode_pools_the_unpadded_tokens(mode: str) -> None:
     pooled = sentence_pooling._pool(mode, TOKENS, MASK)
     torch.testing.assert_close(pooled, torch.tensor(EXPECTED[mode]))
