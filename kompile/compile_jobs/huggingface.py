@@ -20,7 +20,7 @@ from typing import Any
 
 from kompile.compile_jobs import sentence_modules
 from kompile.compile_jobs.signature import token_range
-from kompile.compile_jobs.source_files import SourceError, quiet_torch_loading
+from kompile.compile_jobs.source_files import SourceError, json_object, quiet_torch_loading
 
 CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -257,11 +257,7 @@ def _two_frames(config: dict[str, Any]) -> int | None:
 
 def _preprocessor(folder: Path) -> dict[str, Any]:
     """preprocessor_config.json (an image processor's or feature extractor's), {} where none."""
-    try:
-        doc = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    return json_object(folder / "preprocessor_config.json")
 
 
 def _image_size(folder: Path, config: dict[str, Any]) -> tuple[int, int] | None:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kompile.compile_jobs.source_files import SourceError
+from kompile.compile_jobs.source_files import SourceError, json_object
 
 MODULES = "modules.json"
 _TRANSFORMER = "sentence_transformers.models.Transformer"
@@ -35,11 +35,7 @@ def modules(folder: Path) -> list[dict[str, Any]] | None:
 
 def max_seq_length(folder: Path) -> int | None:
     """The longest input the model was trained on (sentence_bert_config.json), where it says."""
-    try:
-        doc = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    value = doc.get("max_seq_length") if isinstance(doc, dict) else None
+    value = json_object(folder / "sentence_bert_config.json").get("max_seq_length")
     return value if isinstance(value, int) and value > 0 else None
 
 

@@ -50,6 +50,16 @@ EXPORT_HINT = (
 )
 
 
+def json_object(path: Path) -> dict[str, Any]:
+    """A JSON file's object, {} where the file is missing, unreadable or holds no object: the
+    optional side files of a model folder (preprocessor_config.json, sentence_bert_config.json)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def _zip_members(path: Path) -> set[str] | None:
     """Member names without the archive's top folder, or None when the file is no zip."""
     if not zipfile.is_zipfile(path):

@@ -410,10 +410,6 @@ def quantize_static(
 
 
 _NOT_LOADED = "ONNX Runtime could not load"
-# What fuse_transformer writes into the record, taken out again where its graph is not used.
-_FUSION_RECORD = (
-    "numHeads", "hiddenSize", "attentionMask", "skipLayerNorm", "geluApproximation", "fusedOps", "sdpaFusion",
-)  # fmt: skip
 
 
 def optimize_and_save(
@@ -556,6 +552,7 @@ class OnnxRuntimeBackend(Backend):
                 graph = quantize_static(graph, inputs, work, request, opts, record, external)
             optimize_and_save(graph, final, opts.opt_level, threads, disabled, data_file)
 
+        unfused_record = dict(record)  # what the record says before the fusion writes into it
         try:
             build(fuse)
         except BackendError as err:
@@ -564,8 +561,8 @@ class OnnxRuntimeBackend(Backend):
             # The fusion is an optimization: a graph ONNX Runtime's own optimizers then fail on
             # (1.31's MatMulAddFusion on wav2vec2's, "Attempt to replace the existing tensor") is
             # built unfused, as it builds with modelType=none, and the record says why.
-            for key in _FUSION_RECORD:
-                record.pop(key, None)
+            record.clear()
+            record.update(unfused_record)
             record["transformerFusion"] = f"not loadable, built unfused: {first_line(err)}"
             build(False)
         # ONNX Runtime keeps weights under its 1 KB threshold in the graph: a small (or int8) model
