@@ -310,7 +310,13 @@ def compare(
         typer.Option(help="Default thresholds of this precision; default: CANDIDATE's, else fp32."),
     ] = None,
     max_abs_error: Annotated[
-        float | None, typer.Option(help="Override: largest absolute difference.")
+        float | None, typer.Option(help="Override: largest absolute difference, whatever the output's size.")
+    ] = None,
+    max_scaled_error: Annotated[
+        float | None,
+        typer.Option(
+            help="Override: largest absolute difference per unit of max(1, the output's largest |value|)."
+        ),
     ] = None,
     min_cosine: Annotated[float | None, typer.Option(help="Override: smallest cosine similarity.")] = None,
     task: Annotated[str, typer.Option(help="auto, classification or none.")] = "auto",
@@ -325,7 +331,9 @@ def compare(
     if task not in ("auto", "classification", "none"):
         raise _fail(f"--task {task!r}: use auto, classification or none")
     try:
-        tolerances = Tolerances(max_abs_error=max_abs_error, min_cosine=min_cosine)
+        tolerances = Tolerances(
+            max_abs_error=max_abs_error, max_scaled_error=max_scaled_error, min_cosine=min_cosine
+        )
         a, b = load_saved(reference), load_saved(candidate)
         verdict = compare_saved(a, b, precision, tolerances, task)  # type: ignore[arg-type]
     except (RunResultsError, ValidationError, ValueError) as err:

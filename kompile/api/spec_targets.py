@@ -109,7 +109,18 @@ class Tolerances(ApiModel):
     """Validation thresholds. Unset fields take the defaults of the target's precision."""
 
     max_abs_error: float | None = Field(
-        default=None, ge=0, description="Largest allowed absolute difference of any output element."
+        default=None,
+        ge=0,
+        description="Largest allowed absolute difference of any output element. Set alone, it "
+        "replaces maxScaledError's default: the limit is then this value whatever the output's size.",
+    )
+    max_scaled_error: float | None = Field(
+        default=None,
+        ge=0,
+        description="Largest allowed absolute difference of any output element per unit of the "
+        "output's scale, max(1, its largest |value| in the source's outputs): rounding error grows "
+        "with the values, so logits near 20 may move 20 times as far as values within 1. Default: "
+        "1e-3 at fp32, 5e-2 at fp16, 0.2 at bf16, unset at int8.",
     )
     max_rel_error: float | None = Field(
         default=None, ge=0, description="Largest allowed relative difference (|a-b| / (|b| + eps))."

@@ -81,6 +81,11 @@ class OutputCheck(ApiModel):
     name: str = Field(description="Output name.")
     max_abs_error: float = Field(description="Largest absolute difference seen.")
     max_rel_error: float = Field(description="Largest relative difference seen.")
+    scale: float | None = Field(
+        default=None,
+        description="max(1, the largest |value| of the source's output): maxScaledError is per unit "
+        "of it (unset for integer and boolean outputs).",
+    )
     cosine: float = Field(description="Smallest per-sample cosine similarity seen.")
     top_k_agreement: float | None = Field(
         default=None, description="Share of samples whose top-k classes match (classifier outputs)."
@@ -101,6 +106,10 @@ class Thresholds(ApiModel):
     """The thresholds a verdict was held to (precision defaults merged with overrides)."""
 
     max_abs_error: float | None = Field(default=None, description="Largest allowed absolute difference.")
+    max_scaled_error: float | None = Field(
+        default=None,
+        description="Largest allowed absolute difference per unit of an output's scale (OutputCheck.scale).",
+    )
     max_rel_error: float | None = Field(default=None, description="Largest allowed relative difference.")
     min_cosine: float = Field(description="Smallest allowed cosine similarity.")
     min_top_k_agreement: float | None = Field(default=None, description="Smallest allowed top-k agreement.")

@@ -204,6 +204,7 @@ def _full_status() -> CompiledModelStatus:
                 name="logits",
                 max_abs_error=0.0125,
                 max_rel_error=0.003,
+                scale=17.7,
                 cosine=0.99987,
                 top_k_agreement=1.0,
                 top_k=5,
@@ -213,6 +214,7 @@ def _full_status() -> CompiledModelStatus:
         ],
         thresholds=Thresholds(
             max_abs_error=0.5,
+            max_scaled_error=0.2,
             max_rel_error=0.1,
             min_cosine=0.99,
             min_top_k_agreement=0.9,

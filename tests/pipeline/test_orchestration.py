@@ -184,6 +184,8 @@ def test_kompile_compare_holds_saved_results_to_each_other(kompile_run, write_ma
     assert code == 1 and "failed:" in err and "max abs error" in err, err
     code, err = _compare(str(good), str(noisy), "--max-abs-error", "10", "--min-cosine", "0.9")
     assert code == 0, err
+    code, err = _compare(str(good), str(noisy), "--max-scaled-error", "10", "--min-cosine", "0.9")
+    assert code == 0, err
     # Results of other inputs cannot be compared; a file that is not saved results says so.
     other = write_manifest(
         small_cnn_doc(targets=[targets[0]], validation={"samples": 3, "seed": 7}), "other.yaml"

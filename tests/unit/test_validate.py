@@ -23,11 +23,13 @@ def _shifted(outputs: list[list[Array]], delta: float) -> list[list[Array]]:
 
 
 def test_defaults_loosen_with_precision() -> None:
-    fp32, fp16, int8 = (default_thresholds(p) for p in ("fp32", "fp16", "int8"))
-    assert fp32.max_abs_error is not None and fp16.max_abs_error is not None
-    assert 1e-5 < fp32.max_abs_error < fp16.max_abs_error
+    fp32, fp16, bf16, int8 = (default_thresholds(p) for p in ("fp32", "fp16", "bf16", "int8"))
+    assert fp32.max_scaled_error is not None and fp16.max_scaled_error is not None
+    assert bf16.max_scaled_error is not None
+    assert 1e-5 < fp32.max_scaled_error < fp16.max_scaled_error < bf16.max_scaled_error
     assert fp32.min_cosine > fp16.min_cosine > int8.min_cosine >= 0.99
-    assert int8.max_abs_error is None
+    assert int8.max_abs_error is None and int8.max_scaled_error is None
+    assert all(t.max_abs_error is None for t in (fp32, fp16, bf16))  # absolute only where asked for
     assert int8.min_top_k_agreement is not None
     assert default_thresholds("bf16").min_cosine <= fp16.min_cosine
 
@@ -316,3 +318,80 @@ def test_outputs_with_no_rows_compare_as_equal_and_a_changed_count_fails() -> No
     off = compare([empty] * 4, [more] * 3 + [empty], names, default_thresholds("fp32"))
     assert "output 'scores' samples 0-2: shape [1] does not match the source model's [0]" in off.failures
     assert len(off.failures) == 3
+
+
+def _logits(peak: float, samples: int = 4, classes: int = 1000, seed: int = 0) -> list[list[Array]]:
+    """Class scores the size of a real ImageNet classifier's: rows of spread values, one at `peak`."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.standard_normal((1, classes)).astype(np.float32) * (peak / 6) for _ in range(samples)]
+    for r in rows:
+        r[0, 0] = peak
+    return [[r] for r in rows]
+
+
+def _rounded_to(outputs: list[list[Array]], relative: float, seed: int = 1) -> list[list[Array]]:
+    """What a lower-precision build does to each output: every value moved a little and the worst
+    by `relative` of the output's largest value (rounding error grows with the magnitudes summed)."""
+    rng = np.random.default_rng(seed)
+    peak = max(float(np.abs(a).max()) for s in outputs for a in s)
+    moved = [
+        [a + (rng.uniform(-1, 1, a.shape) * relative * peak / 4).astype(a.dtype) for a in s] for s in outputs
+    ]
+    moved[0][0].flat[1] = outputs[0][0].flat[1] + relative * peak
+    return moved
+
+
+@pytest.mark.parametrize(
+    ("precision", "peak", "relative"), [("bf16", 17.7, 0.04), ("fp16", 17.7, 0.01), ("fp32", 2500.0, 1e-6)]
+)
+def test_rounding_that_grows_with_the_output_passes(precision: str, peak: float, relative: float) -> None:
+    """Measured on torchvision's MobileNetV2 with its ImageNet weights on real photos (logits up
+    to 17.7): OpenVINO bf16 moved them by 0.54 (3% of the largest), inductor fp16 by 0.091, at
+    cosine 0.9978 and 0.99996, the same top-1; the absolute limits (0.2, 0.05) refused both. At
+    fp32 a regressor's output in its own units (a price near 2,500) moves by a few ulps, 2.5e-3,
+    which 1e-3 absolute refused."""
+    ref = _logits(peak=peak)
+    result = compare(ref, _rounded_to(ref, relative), ["logits"], default_thresholds(precision))
+    check = result.outputs[0]
+    assert check.max_abs_error > relative * peak * 0.9  # the error is as large as said
+    assert check.max_abs_error > default_thresholds(precision).max_scaled_error  # type: ignore[operator]
+    assert result.passed, result.failures
+    assert check.scale == pytest.approx(peak)
+
+
+def test_an_error_large_for_its_output_still_fails_and_says_its_scale() -> None:
+    ref = _logits(peak=17.7)
+    broken = [[a.copy() for a in s] for s in ref]
+    broken[2][0][0, 7] += 0.3 * 17.7  # one score off by 30% of the largest: a wrong kernel, not rounding
+    t = resolve_thresholds("bf16", Tolerances(min_cosine=-1.0, min_top_k_agreement=0.0))
+    result = compare(ref, broken, ["logits"], t)
+    assert not result.passed
+    (line,) = result.failures
+    assert line == "output 'logits': max abs error 5.31 > limit 0.2 x 17.7 (its largest |value|) = 3.54"
+
+
+def test_outputs_within_one_keep_the_absolute_limit() -> None:
+    ref = [[np.linspace(-1, 1, 64, dtype=np.float32)[None]]]
+    moved = [[ref[0][0].copy()]]
+    moved[0][0][0, 5] += 0.25
+    result = compare(ref, moved, ["y"], default_thresholds("bf16"), task="none")
+    assert result.outputs[0].scale == 1.0
+    assert result.failures == ["output 'y': max abs error 0.25 > limit 0.2"]
+
+
+def test_an_explicit_max_abs_error_is_absolute_and_replaces_the_scaled_default() -> None:
+    big = _rng_outputs((1, 64))
+    big = [[a * 100 for a in s] for s in big]  # values up to ~300
+    # Scaled, fp32's default allows 1e-3 per unit: 0.05 passes on an output of ~300.
+    assert compare(big, _shifted(big, 0.05), ["y"], default_thresholds("fp32"), task="none").passed
+    strict = resolve_thresholds("fp32", Tolerances(max_abs_error=0.01))
+    assert strict.max_scaled_error is None
+    result = compare(big, _shifted(big, 0.05), ["y"], strict, task="none")
+    assert result.failures == ["output 'y': max abs error 0.05 > limit 0.01"]
+    # Set to loosen, on an output within 1: the scaled default (1e-3 there) no longer refuses it.
+    small = _rng_outputs((1, 64))
+    small = [[a / 10 for a in s] for s in small]
+    loose = resolve_thresholds("fp32", Tolerances(max_abs_error=0.01, min_cosine=0.99))
+    assert compare(small, _shifted(small, 5e-3), ["y"], loose, task="none").passed
+    both = resolve_thresholds("fp32", Tolerances(max_abs_error=0.01, max_scaled_error=1e-4))
+    assert both.max_abs_error == 0.01 and both.max_scaled_error == 1e-4
