@@ -284,13 +284,24 @@ class FeedReader:
         self._next = 0
 
 
+# Lines ONNX Runtime's quantizers log on the root logger that tell a kompile user nothing:
+_QUANTIZER_NOISE = (
+    # the dynamic quantizer, for every model: with MatMulConstBOnly it quantizes only constant
+    # weights, which need no inferred shapes
+    "consider to run pre-processing",
+    # the static quantizer's per-channel pass, once per rank-1 weight (a LayerNorm's gamma), which
+    # it then quantizes per tensor as it should
+    "is out-of-range for weight",
+)
+
+
 @contextlib.contextmanager
-def _without_preprocess_advice() -> Iterator[None]:
-    """ONNX Runtime's dynamic quantizer logs advice to pre-process on the root logger for every model:
-    with MatMulConstBOnly it quantizes only constant weights, which need no inferred shapes."""
+def _without_quantizer_noise() -> Iterator[None]:
+    """ONNX Runtime's quantizers with their _QUANTIZER_NOISE held back (other warnings pass)."""
 
     def keep(record: logging.LogRecord) -> bool:
-        return "consider to run pre-processing" not in record.getMessage()
+        message = record.getMessage()
+        return not any(noise in message for noise in _QUANTIZER_NOISE)
 
     root = logging.getLogger()
     root.addFilter(keep)
@@ -309,7 +320,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
     per_channel = opts.per_channel == "true"  # auto: per-tensor, measured as fast and as close on BERT
     op_types = sorted(set(IntegerOpsRegistry) - _DYNAMIC_SKIP_OPS)
     extra = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
-    with _without_preprocess_advice():
+    with _without_quantizer_noise():
         try:
             ort_quantize_dynamic(
                 str(src),
@@ -373,33 +384,34 @@ def quantize_static(
     per_channel = opts.per_channel != "false"
     method = next(m for m in CalibrationMethod if m.name.lower() == opts.calibration_method)
     symmetric = opts.activation_type == "int8"
-    try:
-        quant_pre_process(str(src), str(pre), auto_merge=True, save_as_external_data=external)
-        excluded = []
-        if opts.keep_float == "sensitive":
-            excluded = sensitive_nodes(onnx.load(str(pre), load_external_data=False).graph)
-        ort_quantize_static(
-            str(pre),
-            str(dst),
-            FeedReader(req.calibration, inputs),
-            quant_format=QuantFormat.QDQ if opts.quant_format == "qdq" else QuantFormat.QOperator,
-            per_channel=per_channel,
-            reduce_range=opts.reduce_range,
-            activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=method,
-            extra_options={"ActivationSymmetric": symmetric},
-            use_external_data_format=external,
-            nodes_to_exclude=excluded,
-        )
-    except KeyError as err:
-        raise BackendError(
-            f"calibration inputs lack model input {err}; they must name each of {inputs}"
-        ) from err
-    except TOOL_ERRORS as err:
-        raise BackendError(
-            f"static int8 quantization of {src} failed: {err}; try quantization: dynamic"
-        ) from err
+    with _without_quantizer_noise():
+        try:
+            quant_pre_process(str(src), str(pre), auto_merge=True, save_as_external_data=external)
+            excluded = []
+            if opts.keep_float == "sensitive":
+                excluded = sensitive_nodes(onnx.load(str(pre), load_external_data=False).graph)
+            ort_quantize_static(
+                str(pre),
+                str(dst),
+                FeedReader(req.calibration, inputs),
+                quant_format=QuantFormat.QDQ if opts.quant_format == "qdq" else QuantFormat.QOperator,
+                per_channel=per_channel,
+                reduce_range=opts.reduce_range,
+                activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=method,
+                extra_options={"ActivationSymmetric": symmetric},
+                use_external_data_format=external,
+                nodes_to_exclude=excluded,
+            )
+        except KeyError as err:
+            raise BackendError(
+                f"calibration inputs lack model input {err}; they must name each of {inputs}"
+            ) from err
+        except TOOL_ERRORS as err:
+            raise BackendError(
+                f"static int8 quantization of {src} failed: {err}; try quantization: dynamic"
+            ) from err
     wire = opts.record()
     record.update({k: wire[k] for k in ("quantFormat", "activationType", "reduceRange", "calibrationMethod")})
     record.update(quantization="static", weightType="int8", perChannel=str(per_channel).lower())
