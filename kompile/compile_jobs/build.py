@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kompile.api.candidates import candidate_targets, is_generated, is_multi
+from kompile.api.candidates import candidate_targets, is_generated, is_multi, rungs_left_out
 from kompile.api.catalog import AUTO, CATALOG, OptionsError, auto_left_out, entry
 from kompile.api.job_contract import JobDeadline
 from kompile.api.resource import CompiledModel
@@ -142,8 +142,10 @@ class _Tournament:
         probed: set[str] = set()
         not_tried: list[str] = []
         served = _served(self.ctx.cm)
-        notes = arch_notes(target, self.device, self.ctx.arch) + device_only_notes(
-            target, self.device, self.ctx.arch, served
+        notes = (
+            arch_notes(target, self.device, self.ctx.arch)
+            + device_only_notes(target, self.device, self.ctx.arch, served)
+            + ladder_notes(target, self.device, self.ctx.arch)
         )
         ts.not_offered += notes[:_NOT_OFFERED_MAX]
         requantize = False
@@ -265,6 +267,16 @@ class _Tournament:
             planned.built.append(built)
         planned.candidates.append(cs)
         return built, cs
+
+
+def ladder_notes(target: Target, device: str, arch: str | None) -> list[str]:
+    """The GPU rungs a CPU class's ladder leaves out (candidates.GPU_RUNGS), one note per backend."""
+    return [
+        f"{backend} {rung}: precision auto climbs {rung} on GPU classes only: a CPU computes it no "
+        f"faster than fp32, so a validated {rung} would end the climb before a faster fp32 rung "
+        f"(name precision {rung} in a candidate to build it)"
+        for backend, rung in rungs_left_out(target, device, arch)
+    ]
 
 
 def arch_notes(target: Target, device: str, arch: str | None) -> list[str]:
