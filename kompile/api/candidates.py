@@ -59,14 +59,17 @@ def _listed(target: Target, device: str, arch: str | None) -> list[Candidate]:
     return [Candidate(backend=b, quantization=target.quantization, options=o or None) for b, o in pairs]
 
 
+def _climbed(device: str) -> tuple[str, ...]:
+    """The ladder's rungs on a device: a CPU class leaves the GPU rungs out."""
+    return tuple(r for r in LADDER if device == "cuda" or r not in GPU_RUNGS)
+
+
 def rungs_left_out(target: Target, device: str, arch: str | None = None) -> list[tuple[str, str]]:
-    """(backend, rung) for each GPU rung a CPU class's ladder leaves out where the backend builds it."""
-    if target.precision != AUTO or device == "cuda":
+    """(backend, rung) for each rung the device's ladder leaves out where the backend builds it."""
+    if target.precision != AUTO:
         return []
-    listed = [c.backend for c in _listed(target, device, arch) if c.precision is None]
-    return [
-        (b, r) for r in LADDER if r in GPU_RUNGS for b in dict.fromkeys(listed) if r in entry(b).precisions
-    ]
+    listed = dict.fromkeys(c.backend for c in _listed(target, device, arch) if c.precision is None)
+    return [(b, r) for r in LADDER if r not in _climbed(device) for b in listed if r in entry(b).precisions]
 
 
 def candidates_of(target: Target, device: str, arch: str | None = None) -> list[Candidate]:
@@ -77,7 +80,7 @@ def candidates_of(target: Target, device: str, arch: str | None = None) -> list[
     if target.precision != AUTO:
         return [c if c.precision else c.model_copy(update={"precision": target.precision}) for c in listed]
     # The ladder: each candidate without a precision of its own once per rung, rung by rung.
-    climbed = [r for r in LADDER if device == "cuda" or r not in GPU_RUNGS]
+    climbed = _climbed(device)
     return [
         c.model_copy(update={"precision": rung, "quantization": c.quantization if rung == "int8" else None})
         if c.precision is None

@@ -3,9 +3,11 @@
 Pure numpy: a reference run and a candidate run can happen on different machines and be compared
 here from saved arrays (Polygraphy's split between running and comparing).
 
-Thresholds depend on precision. A 1e-5 element bound fails every fp16 build, and int8 element errors
-scale with the output's range, so the lower precisions lean on task-level checks instead: cosine
-similarity of each sample's output and, for class scores, top-k agreement. NaN or Inf always fails.
+Thresholds depend on precision. A 1e-5 element bound fails every fp16 build, and rounding error
+grows with the values summed, so the element limit is per unit of each output's scale (max(1, its
+largest |value|)) and loosens with precision; int8 element errors follow each tensor's calibrated
+range, so int8 leans on task-level checks alone: cosine similarity of each sample's output and, for
+class scores, top-k agreement. NaN or Inf always fails.
 """
 
 from __future__ import annotations
