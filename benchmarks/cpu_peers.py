@@ -4,8 +4,8 @@ run per model and batch size; prints JSON.
 Peers, each with the settings a user gets by default: eager PyTorch, torch.compile, plain OpenVINO
 (f32, bf16 where the CPU has it, NNCF int8 with default settings), plain ONNX Runtime (its default
 optimization level, `quantize_dynamic` int8 with defaults). kompile: what `kompile run` selects for
-a target with `precision: auto` (backend auto: the ladder int8 -> bf16 -> fp16 -> fp32 with the int8
-remedies), run through the real pipeline on the same reference inputs; the report keeps every
+a target with `precision: auto` (backend auto: a CPU class's ladder int8 -> bf16 -> fp32 with the
+int8 remedies), run through the real pipeline on the same reference inputs; the report keeps every
 candidate of the climb, the rung that passed and the tournament's wall time. Every runtime is
 validated against eager with kompile's thresholds for its precision.
 
