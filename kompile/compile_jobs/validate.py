@@ -297,11 +297,11 @@ def _measure(
     cosines: list[float] = []
     agree: list[bool] = []
     for ref, cand in pairs:
-        diff = np.abs(cand - ref)
+        diff, size = np.abs(cand - ref), np.abs(ref)
         max_abs = max(max_abs, float(diff.max(initial=0.0)))
-        scale = max(scale, float(np.abs(ref).max(initial=0.0)))
-        eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(np.abs(ref).mean())) if ref.size else REL_EPS_FLOOR
-        max_rel = max(max_rel, float((diff / (np.abs(ref) + eps)).max(initial=0.0)))
+        scale = max(scale, float(size.max(initial=0.0)))
+        eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(size.mean())) if ref.size else REL_EPS_FLOOR
+        max_rel = max(max_rel, float((diff / (size + eps)).max(initial=0.0)))
         cosines.extend(row_cosines(ref, cand))
         if classify:
             agree.extend(_top_k_agree(ref, cand, effective_top_k(thresholds.top_k, cand)))
