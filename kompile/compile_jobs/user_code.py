@@ -7,6 +7,7 @@ user's: a transformers model's forward() is where its error is."""
 
 from __future__ import annotations
 
+import re
 import sys
 import sysconfig
 import traceback
@@ -49,8 +50,18 @@ def where(err: BaseException) -> str:
     return f"{Path(frame.filename).name}:{frame.lineno}" if frame is not None else ""
 
 
+# OpenVINO's errors open with the C++ source locations that relayed them, one per line, and put
+# the check that failed after the node it names; neither says what is wrong.
+_RELAY = re.compile(r"^Exception from \S+:\d+:$")
+_CHECK = re.compile(r"\s*Check '.*' failed at \S+:\d+:$")
+
+
 def first_line(err: BaseException) -> str:
-    """An error's first line, or its type where it says nothing: what a one-line message quotes of
-    a library's pages."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    """An error's first line of text, or its type where it says nothing: what a one-line message
+    quotes of a library's pages. Where the line names a failed C++ check (OpenVINO), the node it
+    names and the reason, which the message's last line gives."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not _RELAY.match(ln.strip())]
+    if not lines:
+        return type(err).__name__
+    head = _CHECK.sub("", lines[0])
+    return f"{head}: {lines[-1]}" if head != lines[0] and len(lines) > 1 else head

@@ -203,3 +203,46 @@ def test_auto_offers_openvino_and_says_what_it_left_out(
     assert {c["backend"] for c in by["cpu-int8"]["candidates"]} == {"onnxruntime", "openvino"}
     assert any(n.startswith("inductor: ") for n in by["cpu-int8"]["notOffered"])  # no int8 in inductor
     assert by["cpu-int8"]["phase"] == "Succeeded", by["cpu-int8"]
+
+
+def test_a_node_openvino_refuses_at_a_declared_size_is_named_in_the_message(  # type: ignore[no-untyped-def]
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:
+    """Found by running PaddleOCR's text-direction classifier (rapidocr-onnxruntime's ONNX file):
+    ONNX Runtime runs a 2x2 MaxPool on a 1-pixel-high input (one partial window), OpenVINO refuses
+    it, and the candidate said only 'Exception from src/inference/src/cpp/infer_request.cpp:224:'."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, "height", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, None, 4])
+    pool = helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2])
+    model = helper.make_model(
+        helper.make_graph([pool], "pool", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "pool.onnx"))
+    dims = [
+        {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 2},
+        {"axis": 2, "name": "height", "min": 1, "opt": 8, "max": 16},
+    ]
+    doc = {
+        "apiVersion": "kompile.dev/v1alpha1",
+        "kind": "CompiledModel",
+        "metadata": {"name": "pool"},
+        "spec": {
+            "source": {"uri": str(tmp_path / "pool.onnx")},
+            "inputs": [{"name": "x", "shape": [-1, 4, -1, 8], "dynamicDims": dims}],
+            "targets": [{"name": "cpu", "candidates": [{"backend": "onnxruntime"}, {"backend": "openvino"}]}],
+            "benchmark": {"batchSizes": [1], "warmup": 1, "iterations": 3},
+        },
+    }
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    cands = {c["name"]: c for c in res.status["targets"][0]["candidates"]}
+    assert cands["onnxruntime-fp32"]["phase"] == "Succeeded"
+    refused = cands["openvino-fp32"]
+    assert refused["reason"] == "ValidationFailed", refused
+    assert "at height 1" in refused["message"] and "MaxPool node with name 'y'" in refused["message"], refused
+    assert "Kernel after dilation has size (dim: 2) larger than the data shape" in refused["message"], refused
+    assert "Exception from" not in refused["message"], refused

@@ -280,7 +280,7 @@ class OvRunner:
         try:
             self.compiled = core.compile_model(str(xml), "CPU", properties)
         except OV_ERRORS as err:
-            raise BackendError(f"OpenVINO cannot compile {xml.name} for this CPU: {err}") from err
+            raise BackendError(f"OpenVINO cannot compile {xml.name} for this CPU: {first_line(err)}") from err
         self.request = self.compiled.create_infer_request()
         self.input_names = [p.get_any_name() for p in self.compiled.inputs]
         self.output_names = [p.get_any_name() for p in self.compiled.outputs]

@@ -1,0 +1,51 @@
+"""The one line kompile quotes of a library's error (kompile.compile_jobs.user_code.first_line),
+on the messages those libraries write."""
+
+from __future__ import annotations
+
+from kompile.compile_jobs.user_code import first_line
+
+# OpenVINO 2026.4's CPU plugin, running a MaxPool whose kernel is larger than its input (seen on
+# PaddleOCR's text-direction classifier from rapidocr-onnxruntime at 32x32): two lines of C++
+# source locations first, the node and its check next, the reason last.
+OPENVINO_INFER = (
+    "Exception from src/inference/src/cpp/infer_request.cpp:224:\n"
+    "Exception from src/plugins/intel_cpu/src/node.cpp:794:\n"
+    "[CPU] MaxPool node with name 'MaxPool@0' Check 'cmp::le(kernel, dim.get_length())' failed at "
+    "src/core/shape_inference/include/pooling_shape_inference_util.hpp:149:\n"
+    "While validating node 'opset1::MaxPool MaxPool@0 (opset4::HSwish HSwish_6368[0]:f32[?,200,1..,1..]) "
+    "-> (f32[?,200,1..,1..])' with friendly_name 'MaxPool@0':\n"
+    "Kernel after dilation has size (dim: 2) larger than the data shape after padding (dim: 1) "
+    "at axis 0.\n\n\n"
+)
+
+
+def test_openvino_errors_name_the_node_and_the_reason_not_a_source_location() -> None:
+    """Found by running PaddleOCR's classifier: the candidate's message was 'failed on the reference
+    inputs cut to that size: Exception from src/inference/src/cpp/infer_request.cpp:224:', which
+    names neither the construct nor what is wrong with it."""
+    line = first_line(RuntimeError(OPENVINO_INFER))
+    assert line == (
+        "[CPU] MaxPool node with name 'MaxPool@0': Kernel after dilation has size (dim: 2) larger "
+        "than the data shape after padding (dim: 1) at axis 0."
+    ), line
+
+
+def test_an_openvino_error_without_a_check_keeps_its_first_line_of_text() -> None:
+    text = "Exception from src/inference/src/cpp/core.cpp:112:\nModel file model.xml cannot be opened!\n"
+    assert first_line(RuntimeError(text)) == "Model file model.xml cannot be opened!"
+
+
+def test_one_line_errors_and_informative_first_lines_are_kept() -> None:
+    ort = (
+        "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Conv node. "
+        "Name:'/stft/Conv' Status Message: Invalid input shape: {192}"
+    )
+    assert first_line(RuntimeError(ort)) == ort
+    torch_text = "mat1 and mat2 shapes cannot be multiplied (2x8 and 16x4)\n\nWhile executing %linear"
+    assert first_line(RuntimeError(torch_text)) == "mat1 and mat2 shapes cannot be multiplied (2x8 and 16x4)"
+
+
+def test_an_empty_error_is_named_by_its_type() -> None:
+    assert first_line(KeyError()) == "KeyError"
+    assert first_line(RuntimeError("\n\n")) == "RuntimeError"
