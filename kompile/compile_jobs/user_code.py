@@ -57,11 +57,13 @@ _CHECK = re.compile(r"\s*Check '.*' failed at \S+:\d+:$")
 
 
 def first_line(err: BaseException) -> str:
-    """An error's first line of text, or its type where it says nothing: what a one-line message
-    quotes of a library's pages. Where the line names a failed C++ check (OpenVINO), the node it
-    names and the reason, which the message's last line gives."""
+    """An error's first line of text, or its type and where it was raised where it says nothing:
+    what a one-line message quotes of a library's pages. Where the line names a failed C++ check
+    (OpenVINO), the node it names and the reason, which the message's last line gives."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not _RELAY.match(ln.strip())]
-    if not lines:
-        return type(err).__name__
+    if not lines:  # a bare assert in a library: say where it sits
+        frames = traceback.extract_tb(err.__traceback__)
+        at = f" in {Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+        return type(err).__name__ + at
     head = _CHECK.sub("", lines[0])
     return f"{head}: {lines[-1]}" if head != lines[0] and len(lines) > 1 else head

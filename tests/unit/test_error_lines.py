@@ -3,6 +3,8 @@ on the messages those libraries write."""
 
 from __future__ import annotations
 
+import pytest
+
 from kompile.compile_jobs.user_code import first_line
 
 # OpenVINO 2026.4's CPU plugin, running a MaxPool whose kernel is larger than its input (seen on
@@ -49,3 +51,64 @@ def test_one_line_errors_and_informative_first_lines_are_kept() -> None:
 def test_an_empty_error_is_named_by_its_type() -> None:
     assert first_line(KeyError()) == "KeyError"
     assert first_line(RuntimeError("\n\n")) == "RuntimeError"
+
+
+def test_a_bare_assert_in_a_library_says_where_it_sits() -> None:
+    """Found by running Silero VAD (silero-vad's ONNX file, If nodes): ONNX Runtime's quantizer
+    pre-processing raised a bare AssertionError and the candidate said 'static int8 quantization of
+    model.onnx failed: ; try quantization: dynamic'."""
+
+    def is_sequence(kind: str) -> bool:
+        if kind not in ("tensor_type", "sequence_type"):
+            raise AssertionError  # what a bare assert raises outside pytest's rewriting
+        return kind == "sequence_type"
+
+    try:
+        is_sequence("optional_type")
+    except AssertionError as err:
+        line = first_line(err)
+    assert line.startswith("AssertionError in test_error_lines.py:") and line.endswith("(is_sequence)"), line
+
+
+# OpenVINO 2026.4's ONNX frontend on Silero VAD (silero-vad 6.2.3's silero_vad.onnx), whose If
+# branches hold a Conv of unknown rank.
+OPENVINO_CONVERSION = """Exception from src/inference/src/cpp/core.cpp:84:
+Check 'false' failed at src/frontends/common_translators/src/unconverted_ops_report.cpp:151:
+FrontEnd API failed with OpConversionFailure:
+Model wasn't fully converted. Failed operations detailed log:
+-- Conv-16 with a message:
+While validating ONNX node '<Node(Conv): If_0_then_branch__Inline_0__/decoder/decoder/2/Conv_output_0>': \
+Check 'data.get_partial_shape().rank().is_static()' failed at src/frontends/onnx/frontend/src/op/conv.cpp:38:
+FrontEnd API failed with GeneralFailure:
+The input data tensor's rank has to be known (static)
+
+-- ReduceMean-16 with a message:
+Check '(supported_types.find(ov_input.get_element_type()) != supported_types.end())' failed at \
+src/frontends/onnx/frontend/src/op/reduce.cpp:134:
+While validating ONNX node '<Node(ReduceMean): If_0_then_branch__Inline_0__/ReduceMean_output_0>':
+Unsupported input type dynamic
+
+Summary:
+-- Conversion is failed for: Conv-16, ReduceMean-16
+
+"""
+
+
+def test_openvino_conversion_failures_name_each_op_its_node_and_the_reason() -> None:
+    """Found by running Silero VAD: the candidate said 'OpenVINO cannot read the ONNX graph: Conv-16
+    with a message:; ReduceMean-16 with a message:; Conversion is failed for: Conv-16,
+    ReduceMean-16', every reason left out."""
+    pytest.importorskip("openvino")
+    from kompile.compile_jobs.backends.openvino import conversion_error
+
+    assert conversion_error(RuntimeError(OPENVINO_CONVERSION)) == (
+        "Conv-16 at node If_0_then_branch__Inline_0__/decoder/decoder/2/Conv_output_0: The input data "
+        "tensor's rank has to be known (static); ReduceMean-16 at node "
+        "If_0_then_branch__Inline_0__/ReduceMean_output_0: Unsupported input type dynamic"
+    )
+    summary_only = (
+        "Model wasn't fully converted.\n-- No conversion rule found for operations: ai.onnx.ml.Imputer-1\n"
+    )
+    assert conversion_error(RuntimeError(summary_only)) == (
+        "No conversion rule found for operations: ai.onnx.ml.Imputer-1"
+    )

@@ -18,6 +18,7 @@ Steps, each recorded in the artifact's options:
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,12 +69,28 @@ OV_ERRORS = (
 )
 
 
-def _conversion_error(err: BaseException) -> str:
-    """The frontend's summary lines ("No conversion rule found for operations: ai.onnx.ml.X"), not
-    the C++ check that reported them; else its first lines."""
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    summary = [ln.removeprefix("-- ") for ln in lines if ln.startswith("-- ")]
-    return "; ".join(summary) if summary else " ".join(lines)[:400]
+_ONNX_NODE = re.compile(r"ONNX node '<Node\(\w+\): ([^>]+)>'")
+
+
+def conversion_error(err: BaseException) -> str:
+    """What the frontend's log says of each operation it failed on: the op, the node and the
+    reason ("Conv-16 at node /decoder/Conv_output_0: The input data tensor's rank has to be known
+    (static)"), or its summary lines ("No conversion rule found for operations: ai.onnx.ml.X"); not
+    the C++ checks that relayed them. Each entry opens with "-- "; a failed op's reason is the last
+    line of its entry."""
+    parts: list[str] = []
+    for entry in re.split(r"^-- ", str(err), flags=re.MULTILINE)[1:]:
+        lines = [ln.strip() for ln in entry.splitlines() if ln.strip() and ln.strip() != "Summary:"]
+        if not lines or lines[0].startswith("Conversion is failed for:"):
+            continue  # the summary repeats the ops the entries above named
+        op = lines[0].removesuffix(" with a message:")
+        if op == lines[0]:
+            parts.append(op)
+            continue
+        node = _ONNX_NODE.search(entry)
+        where = f" at node {node.group(1)}" if node else ""
+        parts.append(f"{op}{where}: {lines[-1] if len(lines) > 1 else 'no reason given'}")
+    return "; ".join(parts) if parts else first_line(err)
 
 
 # Attention as OpenVINO's conversion leaves it: fused into ScaledDotProductAttention, or a softmax.
@@ -305,7 +322,7 @@ class OvRunner:
 
     def run(self, feeds: Feeds) -> list[Array]:
         inputs = {
-            i: np.ascontiguousarray(feeds[n], dtype=dt)
+            i: np.asarray(feeds[n], dtype=dt, order="C")
             for i, (n, dt) in enumerate(zip(self._names_in(feeds), self._dtypes, strict=True))
         }
         result = self.request.infer(inputs)
@@ -330,7 +347,7 @@ class OpenVinoBackend(Backend):
         try:
             model = ov.convert_model(str(request.onnx()))
         except OV_ERRORS as err:
-            raise BackendError(f"OpenVINO cannot read the ONNX graph: {_conversion_error(err)}") from err
+            raise BackendError(f"OpenVINO cannot read the ONNX graph: {conversion_error(err)}") from err
         threads = opts.intra_op_threads or request.threads or available_cores()
         record: dict[str, str] = {"precision": precision, "weights": "fp32"}
         weights_only = precision == "int8" and request.target.quantization == "dynamic"
