@@ -164,8 +164,11 @@ class InputSpec(ApiModel):
         pattern=INPUT_NAME_PATTERN,
     )
     dtype: DType = Field(default="float32", description="Element type of the input tensor.")
-    shape: Annotated[list[Annotated[int, Field(ge=-1)]], Field(min_length=1, max_length=16)] = Field(
-        description="Shape of the input; -1 marks a dynamic dimension described in dynamicDims.",
+    shape: Annotated[list[Annotated[int, Field(ge=-1)]], Field(max_length=16)] = Field(
+        description=(
+            "Shape of the input; -1 marks a dynamic dimension described in dynamicDims; [] a scalar "
+            "(a sample rate, a temperature), the same value for every sample of a batch."
+        ),
     )
     dynamic_dims: list[DynamicDim] | None = Field(
         default=None,
@@ -211,9 +214,15 @@ class InputSpec(ApiModel):
         return shape
 
 
+def leading(signature: Sequence[InputSpec]) -> InputSpec:
+    """The input whose axis 0 is the batch: the first that is not a scalar (a 0-d input, Silero
+    VAD's sample rate, has no batch axis wherever it is listed)."""
+    return next((s for s in signature if s.shape), signature[0])
+
+
 def batch_dim(signature: Sequence[InputSpec]) -> str | None:
-    """Name of the batch dimension: the dynamic dim on axis 0 of the first input, if any."""
-    for d in signature[0].dynamic_dims or []:
+    """Name of the batch dimension: the dynamic dim on axis 0 of the leading input, if any."""
+    for d in leading(signature).dynamic_dims or []:
         if d.axis == 0:
             return d.name
     return None
@@ -227,15 +236,15 @@ def batch_axis(spec: InputSpec, name: str | None) -> int | None:
 
 def batch_max(signature: Sequence[InputSpec]) -> int | None:
     """The largest batch the signature declares (its batch dim's max); None without a batch dim."""
-    return next((d.max for d in signature[0].dynamic_dims or [] if d.axis == 0), None)
+    return next((d.max for d in leading(signature).dynamic_dims or [] if d.axis == 0), None)
 
 
 def static_batch(signature: Sequence[InputSpec]) -> int | None:
-    """The one batch a signature without a dynamic batch dim runs at: its first input's leading dim
-    (1 for a single vector). None when the batch is dynamic."""
+    """The one batch a signature without a dynamic batch dim runs at: its leading input's first dim
+    (1 for a single vector or a scalar). None when the batch is dynamic."""
     if batch_dim(signature) is not None:
         return None
-    shape = signature[0].shape
+    shape = leading(signature).shape
     return int(shape[0]) if len(shape) >= 2 and shape[0] > 0 else 1
 
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kompile.api.spec import InputSpec, batch_axis, batch_dim, batch_max
+from kompile.api.spec import InputSpec, batch_dim, batch_max, leading
 from kompile.api.status import TargetStatus, Thresholds
 from kompile.api.vocabulary import TaskKind
 from kompile.compile_jobs.backends.base import BackendError, Runner
 from kompile.compile_jobs.dims_check import LONGER_GROWTH, past_growth, refusal
 from kompile.compile_jobs.export import ExportError
-from kompile.compile_jobs.inputs import Feed, InputMismatch
+from kompile.compile_jobs.inputs import Feed, InputMismatch, stacked
 from kompile.compile_jobs.run_results import RunResults, compare
 from kompile.compile_jobs.user_code import first_line
 
@@ -79,28 +79,15 @@ class BatchCheck:
         name, feeds = batch_dim(self.signature), self.reference.inputs
         if name is None or not feeds:
             return None
-        return int(np.asarray(feeds[0][self.signature[0].name]).shape[0])
+        return int(np.asarray(feeds[0][leading(self.signature).name]).shape[0])
 
     def needs(self, batch: int) -> bool:
         checked = self.checked_batch
         return checked is not None and batch != checked
 
     def feed(self, batch: int) -> Feed:
-        """The reference inputs stacked along each input's batch axis (axis 1 of an RNN's state)
-        and cycled to `batch` rows; an input without the batch dim is the first sample's, as every
-        sample has it."""
-        name = batch_dim(self.signature)
-        feeds = self.reference.inputs
-        out: Feed = {}
-        for spec in self.signature:
-            axis = batch_axis(spec, name)
-            if axis is None:
-                out[spec.name] = feeds[0][spec.name]
-                continue
-            rows = np.concatenate([np.asarray(f[spec.name]) for f in feeds], axis=axis)
-            cycled = np.take(rows, np.arange(batch) % rows.shape[axis], axis=axis)
-            out[spec.name] = np.ascontiguousarray(cycled)
-        return out
+        """The reference inputs stacked along each input's batch axis and cycled to `batch` rows."""
+        return stacked(self.reference.inputs, self.signature, batch)
 
     def failures(self, batch: int, runner: Runner, thresholds: Thresholds) -> list[str]:
         """What the artifact's outputs at `batch` miss, each prefixed with the batch; [] when they

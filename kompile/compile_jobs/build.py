@@ -193,7 +193,9 @@ class _Tournament:
             and _validated(b.status)
         }
         try:
-            speedups = timing.quick_speedups(self.ctx.cm, self.ctx.loaded, self.ctx.reference_runner, runners)
+            speedups = timing.quick_speedups(
+                self.ctx.cm, self.ctx.loaded, self.ctx.reference_runner, runners, self.ctx.reference.inputs
+            )
         except (BackendError, *RUN_ERRORS) as err:
             self.ctx.reporter.stage(self.planned.target.name, f"quick timing of {precision} failed: {err}")
             return True

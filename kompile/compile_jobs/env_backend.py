@@ -26,7 +26,7 @@ Array = np.ndarray[Any, Any]
 
 
 def save_arrays(path: Path, arrays: list[Array]) -> str:
-    np.savez(path, **{str(i): np.ascontiguousarray(a) for i, a in enumerate(arrays)})  # type: ignore[arg-type]
+    np.savez(path, **{str(i): np.asarray(a, order="C") for i, a in enumerate(arrays)})  # type: ignore[arg-type]
     return str(path)
 
 

@@ -19,7 +19,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from kompile.api.spec import InputSpec
+from kompile.api.spec import InputSpec, leading
 from kompile.api.vocabulary import DType
 from kompile.compile_jobs.inputs import Feed, resize
 from kompile.compile_jobs.quiet import output_to
@@ -47,7 +47,7 @@ def flatten_outputs(out: Any) -> list[Any]:
 def to_torch(feed: Feed, signature: Sequence[InputSpec]) -> tuple[Any, ...]:
     import torch
 
-    return tuple(torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in signature)
+    return tuple(torch.from_numpy(np.asarray(feed[s.name], order="C")) for s in signature)
 
 
 def eager_outputs(
@@ -286,7 +286,7 @@ def export_onnx(
         s.name: {d.axis: d.name for d in s.dynamic_dims} for s in signature if s.dynamic_dims
     }
     output_names = names_for_outputs(len(eager_outputs(module, [example], signature)[0]), module, names)
-    batch_axes = {d.axis: d.name for d in (signature[0].dynamic_dims or []) if d.axis == 0}
+    batch_axes = {d.axis: d.name for d in (leading(signature).dynamic_dims or []) if d.axis == 0}
     for name in output_names:
         if batch_axes:
             dynamic_axes[name] = dict(batch_axes)

@@ -116,7 +116,23 @@ def resize(feed: Feed, signature: Sequence[InputSpec], sizes: dict[str, int]) ->
                 n, held = sizes[d.name], arr.shape[d.axis]
                 steps = np.arange(n) - n if d.name in tail else np.arange(n)
                 arr = arr.take(steps % held, axis=d.axis)
-        out[spec.name] = np.ascontiguousarray(arr)
+        out[spec.name] = np.asarray(arr, order="C")
+    return out
+
+
+def stacked(feeds: Sequence[Feed], signature: Sequence[InputSpec], batch: int) -> Feed:
+    """The feeds stacked along each input's batch axis (axis 1 of an RNN's state) and cycled to
+    `batch` rows: a dataset's real samples stay real at any batch. An input without the batch dim
+    (a scalar, a fixed table) is the first feed's, as every feed has it."""
+    name = batch_dim(signature)
+    out: Feed = {}
+    for spec in signature:
+        axis = batch_axis(spec, name)
+        if axis is None:
+            out[spec.name] = feeds[0][spec.name]
+            continue
+        rows = np.concatenate([np.asarray(f[spec.name]) for f in feeds], axis=axis)
+        out[spec.name] = np.asarray(np.take(rows, np.arange(batch) % rows.shape[axis], axis=axis), order="C")
     return out
 
 

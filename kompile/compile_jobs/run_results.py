@@ -38,7 +38,7 @@ def inputs_digest(inputs: Sequence[Feeds]) -> str:
     h = hashlib.sha256()
     for i, feed in enumerate(inputs):
         for name in sorted(feed):
-            a = np.ascontiguousarray(feed[name])
+            a = np.asarray(feed[name], order="C")
             h.update(f"{i}/{name}/{a.dtype.str}/{a.shape}".encode())
             h.update(a.tobytes())
     return "sha256:" + h.hexdigest()

@@ -131,16 +131,10 @@ def read_signature(path: Path, fmt: str) -> list[Input]:
 
 def _declarable(path: Path, inputs: list[Input]) -> list[Input]:
     """`inputs`, or a SourceError for the first that spec.inputs cannot declare: a name it cannot
-    hold, or a scalar."""
+    hold."""
     from kompile.api.spec import INPUT_NAME_PATTERN
 
     for item in inputs:
-        if not item.shape:
-            raise SourceError(
-                f"{path}: input {item.name!r} is a scalar (0-d), which spec.inputs cannot declare: "
-                "give the model a 1-element input (shape [1]) reshaped inside it, or make the value a "
-                "constant of the model"
-            )
         if not re.fullmatch(INPUT_NAME_PATTERN, item.name):
             raise SourceError(
                 f"{path}: input {item.name!r} has a name kompile cannot carry (it takes letters, digits "

@@ -37,18 +37,14 @@ class Timed:
     """Its validation thresholds, to hold it to at batch sizes other than the reference's."""
 
 
-def batch_feeds(cm: CompiledModel, batch: int) -> inputs.Feed | None:
-    """A feed at `batch` along the signature's batch dimension; without one, the static feed at its
-    own batch (inputs.static_batch) and None at any other."""
-    name = inputs.batch_dim(cm.spec.inputs)
-    if name is None:
-        static = inputs.static_batch(cm.spec.inputs)
-        return (
-            inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1)[0]
-            if batch == static
-            else None
-        )
-    return inputs.generate_feeds(cm.spec.inputs, 1, cm.spec.validation.seed + 1, {name: batch})[0]
+def batch_feeds(cm: CompiledModel, batch: int, reference: Sequence[inputs.Feed]) -> inputs.Feed | None:
+    """The reference inputs (a dataset's samples, else the generated ones validation used) at
+    `batch` along the signature's batch dimension; without one, the first feed at its own batch
+    (inputs.static_batch) and None at any other. Timed on other values, a model whose work
+    depends on them (Silero VAD branches on its sample rate) ran another path, or failed."""
+    if inputs.batch_dim(cm.spec.inputs) is None:
+        return reference[0] if batch == inputs.static_batch(cm.spec.inputs) else None
+    return inputs.stacked(reference, cm.spec.inputs, batch)
 
 
 def run_benchmark(
@@ -76,8 +72,11 @@ def run_benchmark(
     rounds = [[t] for t in timed if isinstance(t.runner, UnloadedRunner)]
     if loaded_now or not rounds:
         rounds.insert(0, loaded_now)
+    # The check's reference inputs are what validation compared; without one (a unit's stub run),
+    # generated ones.
+    reference = check.reference.inputs if check else inputs.generate_feeds(cm.spec.inputs, 1, 0)
     for batch in batch_sizes:
-        feed = batch_feeds(cm, batch)
+        feed = batch_feeds(cm, batch, reference)
         if feed is None:
             continue
         for i, group in enumerate(rounds):
@@ -147,11 +146,13 @@ def quick_speedups(
     loaded: sources.LoadedSource,
     reference_runner: Runner | None,
     runners: dict[str, Runner],
+    reference: Sequence[inputs.Feed],
 ) -> dict[str, float]:
-    """Each runner's speedup over eager in a short interleaved timing at the first benchmark batch:
-    enough to tell a clear loss (the precision ladder asks it), not a figure to report."""
+    """Each runner's speedup over eager in a short interleaved timing at the first benchmark batch,
+    on the reference inputs: enough to tell a clear loss (the precision ladder asks it), not a
+    figure to report."""
     batch = inputs.static_batch(cm.spec.inputs) or cm.spec.benchmark.batch_sizes[0]
-    feed = batch_feeds(cm, batch)
+    feed = batch_feeds(cm, batch, reference)
     if feed is None or not runners:
         return {}
     fns = {"eager": _reference_call(loaded, reference_runner, feed, cm)}

@@ -361,6 +361,23 @@ def test_example_is_accepted_by_both(control_plane: ControlPlane, namespace: str
     load_manifest(example)  # and `kompile run` accepts it too (raises ManifestError otherwise)
 
 
+def test_a_scalar_input_is_accepted_by_both(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """`shape: []` declares a 0-d input (Silero VAD's sample rate); the CRD said minItems 1."""
+    doc = yaml.safe_load((ROOT / "examples" / "small-cnn.yaml").read_text())
+    doc["spec"]["inputs"] = [
+        {"name": "input", "shape": [1, 576]},
+        {"name": "state", "shape": [2, 1, 128]},
+        {"name": "sr", "dtype": "int64", "shape": [], "low": 16000, "high": 16001},
+    ]
+    path = tmp_path / "silero-vad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, output = _dry_run_apply(control_plane, path)
+    assert code == 0, f"the API server refused a scalar input:\n{output}"
+    assert load_manifest(path).spec.inputs[2].shape == []
+
+
 # -- the invalid corpus -----------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ def _even_with_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stand-in runs the source eagerly, so the ladder's quick timing against eager would read
     noise (about 1.0x either side): it is stood in for, every rung as fast as the source."""
     monkeypatch.setattr(
-        build.timing, "quick_speedups", lambda cm, loaded, ref, runners: dict.fromkeys(runners, 1.0)
+        build.timing, "quick_speedups", lambda cm, loaded, ref, runners, feeds: dict.fromkeys(runners, 1.0)
     )
 
 
@@ -311,7 +311,7 @@ def test_a_rung_slower_than_the_source_does_not_end_the_climb(
     monkeypatch.setattr(build, "has_fast_bf16", lambda: True)
     asked: list[list[str]] = []
 
-    def quick(cm, loaded, reference, runners):  # type: ignore[no-untyped-def]
+    def quick(cm, loaded, reference, runners, feeds):  # type: ignore[no-untyped-def]
         asked.append(sorted(runners))
         return {name: 0.5 if "int8" in name else 1.5 for name in runners}
 

@@ -333,3 +333,46 @@ def test_a_video_clip_gets_a_clips_frames_and_an_images_size(layout: list, names
         height: (32, 224, 512),
         width: (32, 224, 512),
     }, ranges
+
+
+RATE = InputSpec.model_validate({"name": "sr", "dtype": "int64", "shape": [], "low": 16000, "high": 16001})
+AUDIO = InputSpec.model_validate(
+    {
+        "name": "audio",
+        "shape": [-1, -1],
+        "dynamicDims": [
+            {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 8},
+            {"axis": 1, "name": "samples", "min": 64, "opt": 512, "max": 1024},
+        ],
+    }
+)
+
+
+def test_a_scalar_input_stays_0_d_through_generation_resizing_and_stacking() -> None:
+    """Found by running Silero VAD: its 0-d sample rate reached the model as shape [1] once a dim
+    was resized (np.ascontiguousarray returns at least 1-D), and the source refused it."""
+    (feed,) = inputs.generate_feeds([RATE, AUDIO], 1, seed=0)
+    assert feed["sr"].shape == () and int(feed["sr"]) == 16000
+    assert inputs.resize(feed, [RATE, AUDIO], {"samples": 64})["sr"].shape == ()
+    stacked = inputs.stacked([feed, feed], [RATE, AUDIO], 3)
+    assert stacked["sr"].shape == () and stacked["audio"].shape == (3, 512)
+
+
+def test_the_batch_is_the_first_input_with_an_axis_wherever_a_scalar_is_listed() -> None:
+    from kompile.api.spec import batch_dim, batch_max, static_batch
+
+    assert batch_dim([RATE, AUDIO]) == "batch" and batch_max([RATE, AUDIO]) == 8
+    assert static_batch([RATE, AUDIO]) is None
+    assert static_batch([RATE]) == 1
+
+
+def test_a_dataset_holds_a_scalar_once_for_every_sample(tmp_path: Path) -> None:
+    path = tmp_path / "audio.npz"
+    np.savez(path, audio=np.zeros((3, 512), np.float32), sr=np.array(16000, np.int64))
+    feeds, _ = inputs.load_dataset(path, [AUDIO, RATE])
+    assert len(feeds) == 3 and all(f["sr"].shape == () and f["audio"].shape == (1, 512) for f in feeds)
+    np.savez(path, audio=np.zeros((3, 512), np.float32), sr=np.full(3, 16000, np.int64))
+    with pytest.raises(
+        inputs.InputMismatch, match=r"input 'sr' has 1 dimensions \[3\], the signature declares 0"
+    ):
+        inputs.load_dataset(path, [AUDIO, RATE])

@@ -99,7 +99,7 @@ def example_feed(signature: Sequence[InputSpec], calibration: Sequence[Feeds]) -
 
 
 def to_tensor(value: Array, dtype: torch.dtype, device: str) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(value)).to(device=device, dtype=dtype)
+    return torch.from_numpy(np.asarray(value, order="C")).to(device=device, dtype=dtype)
 
 
 def input_dtypes(signature: Sequence[InputSpec], model_dtype: torch.dtype) -> list[torch.dtype]:

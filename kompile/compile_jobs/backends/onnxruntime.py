@@ -334,7 +334,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
             )
         except TOOL_ERRORS as err:
             raise BackendError(
-                f"dynamic int8 quantization of {src} failed: {err}; try quantization: static"
+                f"dynamic int8 quantization of {src} failed: {first_line(err)}; try quantization: static"
             ) from err
     record.update(quantization="dynamic", quantFormat="qoperator", weightType="int8", activationType="uint8")
     record.update(perChannel=str(per_channel).lower(), reduceRange=str(opts.reduce_range).lower())
@@ -387,6 +387,13 @@ def quantize_static(
     with _without_quantizer_noise():
         try:
             quant_pre_process(str(src), str(pre), auto_merge=True, save_as_external_data=external)
+        except TOOL_ERRORS as err:
+            # Pre-processing (symbolic shape inference, then ORT's graph optimizations) only helps the
+            # quantizer; it fails on some graphs the quantizer takes as they are (Silero VAD's If
+            # nodes: a bare assert in symbolic_shape_infer).
+            record["preProcess"] = f"skipped: {first_line(err)}"
+            pre = src
+        try:
             excluded = []
             if opts.keep_float == "sensitive":
                 excluded = sensitive_nodes(onnx.load(str(pre), load_external_data=False).graph)
@@ -410,7 +417,7 @@ def quantize_static(
             ) from err
         except TOOL_ERRORS as err:
             raise BackendError(
-                f"static int8 quantization of {src} failed: {err}; try quantization: dynamic"
+                f"static int8 quantization of {src} failed: {first_line(err)}; try quantization: dynamic"
             ) from err
     wire = opts.record()
     record.update({k: wire[k] for k in ("quantFormat", "activationType", "reduceRange", "calibrationMethod")})

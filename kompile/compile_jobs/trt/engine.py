@@ -185,7 +185,7 @@ class TrtRunner:
         for name in self.input_names:
             if name not in feeds:
                 raise BackendError(f"input {name!r} missing; the plan takes {self.input_names}")
-            host = torch.from_numpy(np.ascontiguousarray(feeds[name]))
+            host = torch.from_numpy(np.asarray(feeds[name], order="C"))
             inputs[name] = host.to(device="cuda", dtype=self._dtypes[name])
         self._select_profile({n: tuple(t.shape) for n, t in inputs.items()})
         for name, tensor in inputs.items():
