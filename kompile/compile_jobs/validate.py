@@ -27,6 +27,9 @@ Array = np.ndarray[Any, Any]
 # huge relative error that says nothing, so eps is scaled to the output's mean magnitude.
 REL_EPS_SCALE = 1e-3
 REL_EPS_FLOOR = 1e-12
+FP32_SCALED_ERROR = 1e-3
+"""fp32's element limit per unit of scale; also how close to zero a value is zero to the gate
+where a precision has no element limit (int8)."""
 
 _DEFAULTS: dict[str, Thresholds] = {
     # The element limit is per unit of each output's scale, max(1, its largest |value|): rounding
@@ -39,7 +42,11 @@ _DEFAULTS: dict[str, Thresholds] = {
     # With labelled data the task accuracy drop is gated too, in points: fp32 rewrites may flip a
     # near-tie, lower precisions a few more.
     "fp32": Thresholds(
-        max_scaled_error=1e-3, min_cosine=0.9999, min_top_k_agreement=1.0, top_k=1, max_accuracy_drop=0.1
+        max_scaled_error=FP32_SCALED_ERROR,
+        min_cosine=0.9999,
+        min_top_k_agreement=1.0,
+        top_k=1,
+        max_accuracy_drop=0.1,
     ),
     "fp16": Thresholds(
         max_scaled_error=5e-2, min_cosine=0.999, min_top_k_agreement=0.99, top_k=5, max_accuracy_drop=0.5
@@ -293,16 +300,17 @@ def _measure(
         )
     max_abs = 0.0
     max_rel = 0.0
-    scale = 1.0
+    sizes = [np.abs(ref) for ref, _ in pairs]
+    scale = max([1.0, *(float(size.max(initial=0.0)) for size in sizes)])
+    zero = _resolution(thresholds, scale)
     cosines: list[float] = []
     agree: list[bool] = []
-    for ref, cand in pairs:
-        diff, size = np.abs(cand - ref), np.abs(ref)
+    for (ref, cand), size in zip(pairs, sizes, strict=True):
+        diff = np.abs(cand - ref)
         max_abs = max(max_abs, float(diff.max(initial=0.0)))
-        scale = max(scale, float(size.max(initial=0.0)))
         eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(size.mean())) if ref.size else REL_EPS_FLOOR
         max_rel = max(max_rel, float((diff / (size + eps)).max(initial=0.0)))
-        cosines.extend(row_cosines(ref, cand))
+        cosines.extend(row_cosines(ref, cand, zero))
         if classify:
             agree.extend(_top_k_agree(ref, cand, effective_top_k(thresholds.top_k, cand)))
     return OutputCheck(
@@ -323,14 +331,25 @@ def _rows(a: Array) -> Array:
     return a.reshape(a.shape[0], int(np.prod(a.shape[1:]))) if a.ndim >= 2 else a.reshape(1, -1)
 
 
-def row_cosines(ref: Array, cand: Array) -> list[float]:
-    """Cosine similarity per sample row (the leading axis when there is more than one)."""
+def _resolution(t: Thresholds, scale: float) -> float:
+    """How close to zero an output's values are the same as zero to the gate: its element limit
+    (the tighter where two apply); without one (int8), fp32's, 1e-3 per unit of scale."""
+    scaled = None if t.max_scaled_error is None else t.max_scaled_error * scale
+    limits = [x for x in (t.max_abs_error, scaled) if x is not None]
+    return min(limits) if limits else FP32_SCALED_ERROR * scale
+
+
+def row_cosines(ref: Array, cand: Array, zero: float = 0.0) -> list[float]:
+    """Cosine similarity per sample row (the leading axis when there is more than one). A row
+    where both lie within `zero` of zero has no direction to compare (the 3e-8 left in an empty
+    probability map against the artifact's exact zeros): 1.0, the element limit holds it."""
     r, c = _rows(ref), _rows(cand)
     out: list[float] = []
     for rr, cc in zip(r, c, strict=True):
         nr, nc = float(np.linalg.norm(rr)), float(np.linalg.norm(cc))
-        if nr == 0.0 and nc == 0.0:
-            out.append(1.0)  # both all-zero: identical
+        near_zero = float(np.abs(rr).max(initial=0.0)) <= zero and float(np.abs(cc).max(initial=0.0)) <= zero
+        if (nr == 0.0 and nc == 0.0) or near_zero:
+            out.append(1.0)  # both all-zero, or zero to the gate: identical
         elif nr == 0.0 or nc == 0.0:
             out.append(0.0)
         else:

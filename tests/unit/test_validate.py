@@ -395,3 +395,36 @@ def test_an_explicit_max_abs_error_is_absolute_and_replaces_the_scaled_default()
     assert compare(small, _shifted(small, 5e-3), ["y"], loose, task="none").passed
     both = resolve_thresholds("fp32", Tolerances(max_abs_error=0.01, max_scaled_error=1e-4))
     assert both.max_abs_error == 0.01 and both.max_scaled_error == 1e-4
+
+
+def _empty_map(value: float) -> list[list[Array]]:
+    """A probability map with nothing in it ([1, 1, 32, 32]), one tiny value left, as PaddleOCR's
+    DB text detector gives on a 32x32 crop of noise."""
+    a = np.zeros((1, 1, 32, 32), np.float32)
+    a[0, 0, 3, 5] = value
+    return [[a]]
+
+
+def test_rows_within_the_element_limit_of_zero_hold_no_direction_to_compare() -> None:
+    """Found by running PaddleOCR's detector (rapidocr-onnxruntime's ONNX file) at its 32x32 min:
+    the source's map held one value of 3e-8, ONNX Runtime's fp32 artifact all zeros, and the gate
+    refused it at 'cosine 0.000000 < limit 0.999900' (OpenVINO's: 0.72): the direction of a row
+    within 3e-8 of zero is rounding, which the element limit already holds."""
+    ref = _empty_map(2.98e-8)
+    for precision in ("fp32", "bf16", "int8"):
+        for cand in (_empty_map(0.0), [[np.roll(ref[0][0], 1)]]):
+            result = compare(ref, cand, ["map"], default_thresholds(precision), task="none")
+            assert result.passed, (precision, result.failures)
+            assert result.outputs[0].cosine == 1.0
+
+
+def test_a_row_the_artifact_moves_off_zero_still_fails() -> None:
+    ref = _empty_map(0.0)
+    result = compare(ref, _empty_map(0.3), ["map"], default_thresholds("fp32"), task="none")
+    assert result.failures == [
+        "output 'map': max abs error 0.3 > limit 0.001",
+        "output 'map': cosine 0.000000 < limit 0.999900",
+    ], result.failures
+    # int8 has no element limit: a row off zero by more than fp32's resolution is a direction.
+    result = compare(ref, _empty_map(0.3), ["map"], default_thresholds("int8"), task="none")
+    assert result.failures == ["output 'map': cosine 0.000000 < limit 0.990000"], result.failures
