@@ -4,13 +4,14 @@ served every size in it. A trace bakes in installed code's shape arithmetic (exp
 tracer warnings pass) and a compiler can get one shape wrong: right at opt and wrong at the lengths
 a server sends, an artifact would pass the gate and be rolled out.
 
-Three more sizes are checked per dim. Half its opt (never below its min): most sizes a constant or
-a branch was baked at differ from it as they differ from opt, and a shorter feed costs less than
-the validation itself. Its inputs are the reference inputs cut to that size along the dim's axes: a
-dataset's real samples stay real (a sentence's first tokens, an image's corner) and a right-padded
-mask keeps its leading tokens, so no row is left with nothing to attend to; a batch a tokenizer
-padded on the left (padding_side="left", as decoder models pad) keeps its last tokens instead. A
-source whose outputs are NaN or Inf at the cut all the same is not checked there.
+Three more sizes are checked per dim. Half its opt (on the steps its range is declared in, never
+below its min): most sizes a constant or a branch was baked at differ from it as they differ from
+opt, and a shorter feed costs less than the validation itself. Its inputs are the reference inputs
+cut to that size along the dim's axes: a dataset's real samples stay real (a sentence's first
+tokens, an image's corner) and a right-padded mask keeps its leading tokens, so no row is left with
+nothing to attend to; a batch a tokenizer padded on the left (padding_side="left", as decoder
+models pad) keeps its last tokens instead. A source whose outputs are NaN or Inf at the cut all the
+same is not checked there.
 
 And its bounds, the shortest and longest inputs a server is sent, where a model's own limits show
 (a convolution wider than the min; BERT's table of 512 positions past the max): the first sample
@@ -25,6 +26,7 @@ The batch is held by kompile.compile_jobs.batch_check; an artifact exported at s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -51,10 +53,20 @@ def _held(signature: Sequence[InputSpec], feed: Feed) -> dict[str, tuple[int, Dy
     return dims
 
 
+def _step(held: int, d: DynamicDim) -> int:
+    """The step a range is declared in: the greatest common divisor of its min, the size held and
+    its max (32 for an image 32..512 around 224, whose strides need multiples of 32; 1 for a
+    sequence 1..512 around 128). A size checked off those steps may be one the model refuses."""
+    return math.gcd(d.min, held, d.max)
+
+
 def shorter_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
     """Each non-batch dynamic dim's size to check: half the size the reference inputs hold (their
-    opt), not below the dim's min; a dim with no room below is left out."""
-    halves = {name: (held, max(d.min, held // 2)) for name, (held, d) in _held(signature, feed).items()}
+    opt), down to the range's step, not below the dim's min; a dim with no room below is left out."""
+    halves = {
+        name: (held, max(d.min, held // 2 // _step(held, d) * _step(held, d)))
+        for name, (held, d) in _held(signature, feed).items()
+    }
     return {name: size for name, (held, size) in halves.items() if size < held}
 
 
@@ -74,10 +86,14 @@ cost grows with it (a transformer's attention as its square), and so would every
 def longer_sizes(signature: Sequence[InputSpec], feed: Feed) -> dict[str, int]:
     """Each non-batch dynamic dim's max where it exceeds the size the reference inputs hold; where
     their growth together passes LONGER_GROWTH, each grows by the same factor up to it."""
-    room = {name: (held, d.max) for name, (held, d) in _held(signature, feed).items() if d.max > held}
-    growth = float(np.prod([top / held for held, top in room.values()])) if room else 1.0
+    room = {name: (held, d) for name, (held, d) in _held(signature, feed).items() if d.max > held}
+    growth = float(np.prod([d.max / held for held, d in room.values()])) if room else 1.0
     factor = (LONGER_GROWTH / growth) ** (1 / len(room)) if growth > LONGER_GROWTH else 1.0
-    return {name: min(top, max(held + 1, int(top * factor))) for name, (held, top) in room.items()}
+    sizes = {}
+    for name, (held, d) in room.items():
+        step = _step(held, d)
+        sizes[name] = min(d.max, max(held + step, int(d.max * factor) // step * step))
+    return sizes
 
 
 def describe(sizes: dict[str, int]) -> str:

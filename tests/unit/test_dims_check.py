@@ -268,3 +268,31 @@ def test_a_source_failing_at_a_declared_min_refuses_the_spec() -> None:
         "shaped {'ids': [2, 3]}: kernel size can't be greater; raise that min in "
         "spec.inputs[].dynamicDims (or `--dim NAME=MIN:OPT:MAX`) to the smallest size the model holds"
     )
+
+
+IMAGE = [
+    InputSpec.model_validate(
+        {
+            "name": "x",
+            "shape": [-1, 3, -1, -1],
+            "dynamicDims": [
+                {"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 32},
+                {"axis": 2, "name": "height", "min": 32, "opt": 224, "max": 512},
+                {"axis": 3, "name": "width", "min": 32, "opt": 224, "max": 4096},
+            ],
+        }
+    )
+]
+
+
+def test_a_range_declared_in_steps_is_held_at_sizes_on_those_steps() -> None:
+    """Found by running PaddleOCR's DB text detector (rapidocr-onnxruntime's ONNX file), its range
+    guessed 32..512 around 224: half of 224 is 112, which the model itself refuses (it needs
+    multiples of 32: 'Attempting to broadcast an axis by a dimension other than 1. 7 by 8'), so
+    the shorter size was never checked. The step is the greatest common divisor of min, opt and
+    max (1 for a sequence declared 1..512 around 128)."""
+    feed = {"x": np.zeros((1, 3, 224, 224), np.float32)}
+    assert shorter_sizes(IMAGE, feed) == {"height": 96, "width": 96}
+    longer = longer_sizes(IMAGE, feed)
+    assert all(size % 32 == 0 and size > 224 for size in longer.values()), longer
+    assert shorter_sizes(SIGNATURE, _feed(0)) == {"seq": 8}  # 3..64 around 16: a step of 1
