@@ -54,6 +54,8 @@ def where(err: BaseException) -> str:
 # the check that failed after the node it names; neither says what is wrong.
 _RELAY = re.compile(r"^Exception from \S+:\d+:$")
 _CHECK = re.compile(r"\s*Check '.*' failed at \S+:\d+:$")
+# ONNX Runtime quotes the failed C++ check (file:line, function, condition) before its reason.
+_ORT_CHECK = re.compile(r"/onnxruntime_src/\S+:\d+ .*? was false\. ")
 
 
 def first_line(err: BaseException) -> str:
@@ -65,5 +67,6 @@ def first_line(err: BaseException) -> str:
         frames = traceback.extract_tb(err.__traceback__)
         at = f" in {Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
         return type(err).__name__ + at
-    head = _CHECK.sub("", lines[0])
-    return f"{head}: {lines[-1]}" if head != lines[0] and len(lines) > 1 else head
+    head = _CHECK.sub("", _ORT_CHECK.sub("", lines[0]))
+    checked = _CHECK.search(lines[0]) is not None
+    return f"{head}: {lines[-1]}" if checked and len(lines) > 1 else head

@@ -112,3 +112,18 @@ def test_openvino_conversion_failures_name_each_op_its_node_and_the_reason() -> 
     assert conversion_error(RuntimeError(summary_only)) == (
         "No conversion rule found for operations: ai.onnx.ml.Imputer-1"
     )
+
+
+def test_onnx_runtime_checks_keep_their_reason_without_the_cpp_location() -> None:
+    """PaddleOCR's DB detector at 112x112 (its strides need multiples of 32): ONNX Runtime's status
+    message quotes the failed C++ check, file, line and signature, before its reason."""
+    text = (
+        "Non-zero status code returned while running Add node. Name:'p2o.Add.248' Status Message: "
+        "/onnxruntime_src/onnxruntime/core/providers/cpu/math/element_wise_ops.h:563 void "
+        "onnxruntime::BroadcastIterator::Init(ptrdiff_t, ptrdiff_t) axis == 1 || axis == largest was "
+        "false. Attempting to broadcast an axis by a dimension other than 1. 7 by 8"
+    )
+    assert first_line(RuntimeError(text)) == (
+        "Non-zero status code returned while running Add node. Name:'p2o.Add.248' Status Message: "
+        "Attempting to broadcast an axis by a dimension other than 1. 7 by 8"
+    )
