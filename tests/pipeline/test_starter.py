@@ -282,9 +282,11 @@ def test_onnx_inputs_named_by_number_run_and_others_are_told_what_to_rename(tmp_
         assert "unexpectedly" not in text, text
 
 
-def test_a_scalar_input_is_an_input_error_saying_what_to_do(tmp_path: Path) -> None:
+def test_a_scalar_input_is_declared_and_an_unshaped_one_is_an_input_error(tmp_path: Path) -> None:
     """A model taking a 0-d input (a temperature beside the batch) ended `kompile run` with
-    "kompile failed unexpectedly: ValidationError ... InputSpec"."""
+    "kompile failed unexpectedly: ValidationError ... InputSpec"; it was refused next, and is
+    declared now (`shape: []`), the batch taken from the input beside it
+    (tests/pipeline/test_scalar_inputs.py runs such models)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -300,8 +302,12 @@ def test_a_scalar_input_is_an_input_error_saying_what_to_do(tmp_path: Path) -> N
     onnx.save(model, str(tmp_path / "unshaped.onnx"))
     model.graph.input[1].type.CopyFrom(helper.make_sequence_type_proto(t.type))
     onnx.save(model, str(tmp_path / "sequence.onnx"))
+    code, _, err = _cli("init", str(tmp_path / "scaled.onnx"))
+    assert code == 0, err
+    spec = _spec(tmp_path / "scaled.yaml")
+    assert [i["shape"] for i in spec["inputs"]] == [[-1, 4], []], spec["inputs"]
+    assert spec["inputs"][0]["dynamicDims"][0]["name"] == "N"
     for name, said in (
-        ("scaled.onnx", "input 'temperature' is a scalar (0-d)"),
         ("unshaped.onnx", "input 'temperature' has no shape in the graph"),
         ("sequence.onnx", "input 'temperature' is sequence, not a tensor"),
     ):
