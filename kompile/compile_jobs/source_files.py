@@ -218,7 +218,19 @@ def onnx_external_files(model: Any) -> list[str]:
 
 # Operators of a graph someone quantized already (QDQ pairs, QOperator and integer kernels, 4-bit
 # weight-only MatMuls): another int8 pass would quantize it twice.
-_QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulNBits", "QGemm"}
+_QUANTIZED_OPS = {
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "MatMulNBits",
+    "QGemm",
+    "QAttention",
+    "MatMulIntegerToFloat",
+}
+
+
+def is_quantized_op(op: str) -> bool:
+    """Whether an ONNX op type is one only a quantized graph holds."""
+    return op in _QUANTIZED_OPS or op.startswith(("QLinear", "DynamicQuantize")) or op.endswith("Integer")
 
 
 def quantized_ops(model: Any) -> str:
@@ -226,9 +238,8 @@ def quantized_ops(model: Any) -> str:
     6 DequantizeLinear"), or "" for a float model."""
     counts: dict[str, int] = {}
     for node in model.graph.node:
-        op = node.op_type
-        if op in _QUANTIZED_OPS or op.startswith("QLinear") or op.endswith("Integer"):
-            counts[op] = counts.get(op, 0) + 1
+        if is_quantized_op(node.op_type):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

@@ -80,6 +80,18 @@ def test_int8_dynamic_needs_no_calibration_and_per_channel_weights(
         _build(feeds, tmp_path / "pt", "int8", "dynamic", perChannel="false")
 
 
+def test_int8_dynamic_on_a_model_without_linear_layers_is_refused(feeds: list[Feeds], tmp_path: Path) -> None:
+    """XNNPACK quantizes activations at run time in linear layers only: a CNN without one came back
+    whole, and its fp32 program validated under the int8 label."""
+    convs = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    target = Target(name="cpu-int8", backend="executorch", precision="int8", quantization="dynamic")
+    with pytest.raises(BackendError) as err:
+        build_and_compare(target, convs, [IMAGE], feeds, tmp_path)
+    assert "quantized no operator" in str(err.value), err.value
+    assert "dynamic quantizes linear layers only and the model has none" in str(err.value)
+    assert "Use quantization static" in str(err.value)
+
+
 def test_onnx_sources_and_other_precisions_are_refused() -> None:
     target = Target(name="e", backend="executorch", precision="fp32")
     reason = skip_reason(target, "cpu", source="onnx")

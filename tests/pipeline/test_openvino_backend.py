@@ -86,6 +86,24 @@ def test_int8_is_calibrated_by_nncf_and_validates(cnn: tuple[Path, list[Feeds]],
     )
 
 
+def test_int8_that_quantizes_nothing_is_refused(cnn: tuple[Path, list[Feeds]], tmp_path: Path) -> None:
+    """NNCF returns a model it finds nothing to quantize in as it was (said at INFO only): the fp32
+    model, which validated and was labelled int8."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    spec = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 3, 32, 32]) for n in ("input", "logits")
+    ]
+    graph = helper.make_graph([helper.make_node("Relu", ["input"], ["logits"])], "relu", spec[:1], spec[1:])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    with pytest.raises(BackendError) as err:
+        _build((path, cnn[1]), tmp_path / "out", "int8")
+    assert "quantized no operator (no FakeQuantize in the model)" in str(err.value)
+    assert "Build this target at fp32 or bf16" in str(err.value)
+
+
 def test_int8_remedies_build_and_validate(cnn: tuple[Path, list[Feeds]], tmp_path: Path) -> None:
     """Each remedy the backend offers after a failed int8 builds: accuracy control (NNCF measures
     the gate's own cosine), and int8 weights with float compute (no FakeQuantize at all)."""

@@ -69,11 +69,12 @@ def test_silero_vad_with_its_scalar_sample_rate_compiles_and_validates(  # type:
     cands = {c["name"]: c for c in t["candidates"]}
     assert t["phase"] == "Succeeded", t
     assert cands["onnxruntime-fp32"]["reason"] == "Validated", cands["onnxruntime-fp32"]
-    # ONNX Runtime's quantizer pre-processing fails on the If branches (a bare assert in its
-    # symbolic shape inference); the quantizer itself takes the graph as it is.
+    # ONNX Runtime's quantizer leaves the If branches, where every Conv and LSTM lies, as they are:
+    # its "int8" was the fp32 graph (0.238 against 0.235 ms), refused now with the reason.
     static = cands["onnxruntime-int8"]
-    assert static["phase"] in ("Succeeded", "Failed") and static["reason"] != "CompileFailed", static
-    assert static["options"]["preProcess"].startswith("skipped: AssertionError in symbolic_shape_infer.py")
+    assert static["reason"] == "CompileFailed", static
+    assert "quantized no operator" in static["message"], static
+    assert "nodes all lie inside If/Loop/Scan branches" in static["message"], static
     # OpenVINO's ONNX frontend cannot type the If branches: said op by op, with the reason.
     refused = cands["openvino-fp32"]
     assert refused["reason"] == "CompileFailed", refused

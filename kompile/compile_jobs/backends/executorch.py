@@ -188,7 +188,21 @@ def quantize(
         perChannel=str(opts.per_channel).lower(),
         calibrationSamples=str(0 if dynamic else len(samples)),
     )
-    return convert_pt2e(prepared)
+    converted = convert_pt2e(prepared)
+    # The quantizer annotates what it has kernels for and returns the rest float, silently: a model
+    # with none of it (dynamic: no Linear) came back whole, the fp32 program labelled int8.
+    if not any("quantized_decomposed" in str(n.target) for n in converted.graph.nodes):
+        why = (
+            "dynamic quantizes linear layers only and the model has none"
+            if dynamic
+            else "it annotated no operator of the model"
+        )
+        raise BackendError(
+            f"executorch int8 quantized no operator: XNNPACK's quantizer {why}; the program would be "
+            "the fp32 one labelled int8. "
+            + ("Use quantization static, or build at fp32" if dynamic else "Build this target at fp32")
+        )
+    return converted
 
 
 def lower(module: Any, args: tuple[torch.Tensor, ...], out: Path) -> int:

@@ -47,7 +47,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.benchmark import available_cores
 from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
-from kompile.compile_jobs.source_files import onnx_external_files
+from kompile.compile_jobs.source_files import is_quantized_op, onnx_external_files
 from kompile.compile_jobs.user_code import first_line
 
 Array = np.ndarray[Any, Any]
@@ -292,6 +292,12 @@ _QUANTIZER_NOISE = (
     # the static quantizer's per-channel pass, once per rank-1 weight (a LayerNorm's gamma), which
     # it then quantizes per tensor as it should
     "is out-of-range for weight",
+    # the static quantizer, where kompile skipped the pre-processing (the candidate's options say
+    # preProcess: skipped, with the reason)
+    "consider pre-processing before quantization",
+    # the dynamic quantizer, with a protobuf dump, once per tensor shape inference gave no type (an
+    # int64 slice in Silero VAD's padding): it leaves that tensor float, and validation judges
+    "Inference failed or unsupported type to quantize",
 )
 
 
@@ -426,6 +432,53 @@ def quantize_static(
     if excluded:
         record.update(keepFloat=opts.keep_float, floatNodes=str(len(excluded)))
     return dst
+
+
+# The float ops a quantizer makes integer (with Attention, ONNX Runtime's fused one).
+_QUANTIZABLE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "Attention")
+_BRANCHING_OPS = ("If", "Loop", "Scan")
+
+
+def _nodes(graph: onnx.GraphProto, depth: int = 0) -> Iterator[tuple[onnx.NodeProto, int]]:
+    """Every node with how many If/Loop/Scan bodies it lies inside (0: the main graph)."""
+    for node in graph.node:
+        yield node, depth
+        for attr in node.attribute:
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                yield from _nodes(body, depth + 1)
+
+
+def quantized_nodes(path: Path) -> int:
+    """How many quantized operators the ONNX file at `path` holds, in its branches too."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return sum(1 for n, _ in _nodes(graph) if is_quantized_op(n.op_type))
+
+
+def require_quantized(src: Path, dst: Path, mode: str) -> None:
+    """Raise where quantizing `src` into `dst` quantized nothing: such an artifact is the fp32 graph
+    labelled int8, and precision auto would stop at it (Silero VAD: every Conv and LSTM inside If
+    branches, which ONNX Runtime's quantizers leave as they are)."""
+    held = quantized_nodes(src)
+    if quantized_nodes(dst) > held:
+        return
+    graph = onnx.load(str(src), load_external_data=False).graph
+    weighted = [(n, d) for n, d in _nodes(graph) if n.op_type in _QUANTIZABLE_OPS]
+    kinds = "/".join(sorted({n.op_type for n, _ in weighted}))
+    if held:
+        why = f"the source is quantized already ({held} quantized operators) and it added none"
+    elif not weighted:
+        why = f"the graph has none of {', '.join(_QUANTIZABLE_OPS)} for it to quantize"
+    elif all(d > 0 for _, d in weighted):
+        why = (
+            f"its {len(weighted)} {kinds} nodes all lie inside {'/'.join(_BRANCHING_OPS)} branches, "
+            "which ONNX Runtime's quantizer leaves as they are"
+        )
+    else:
+        why = f"none of its {len(weighted)} {kinds} nodes could be (weights not constant, or kept float)"
+    raise BackendError(
+        f"{mode} int8 quantization quantized no operator: {why}; the artifact would be "
+        "the fp32 graph labelled int8. Build this target at fp32, or pick another backend for int8"
+    )
 
 
 _NOT_LOADED = "ONNX Runtime could not load"
@@ -564,11 +617,16 @@ class OnnxRuntimeBackend(Backend):
             if fused:
                 graph = fuse_transformer(graph, model, work / "fused.onnx", opts, record, external)
             if target.precision == "int8" and mode == "dynamic":
-                graph = quantize_dynamic(graph, work / "quantized.onnx", opts, record, external)
+                before, graph = (
+                    graph,
+                    quantize_dynamic(graph, work / "quantized.onnx", opts, record, external),
+                )
+                require_quantized(before, graph, mode)
             elif target.precision == "int8":
                 weights = {t.name for t in model.graph.initializer}
                 inputs = [i.name for i in model.graph.input if i.name not in weights]
-                graph = quantize_static(graph, inputs, work, request, opts, record, external)
+                before, graph = graph, quantize_static(graph, inputs, work, request, opts, record, external)
+                require_quantized(before, graph, mode)
             optimize_and_save(graph, final, opts.opt_level, threads, disabled, data_file)
 
         unfused_record = dict(record)  # what the record says before the fusion writes into it

@@ -170,6 +170,15 @@ def quantize(
             "with option ignoredTypes, or build at bf16 or fp32"
         ) from err
     fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
+    if not fq:
+        # NNCF returns the model as it was where it finds nothing to quantize ("The model has no
+        # operations to apply quantization", at INFO) or accuracy control returns every layer to
+        # float: an fp32 model that would validate and be labelled int8.
+        raise BackendError(
+            "NNCF int8 quantization quantized no operator (no FakeQuantize in the model"
+            + (", accuracy control returned every layer to float" if opts.accuracy_control else "")
+            + "): the artifact would be the fp32 model labelled int8. Build this target at fp32 or bf16"
+        )
     record.update(
         quantization="nncf-ptq",
         modelType="transformer" if transformer else "none",
