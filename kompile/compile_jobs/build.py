@@ -342,7 +342,8 @@ def _already_quantized(ctx: BuildContext) -> str:
     return (
         f"the source is quantized already ({ctx.loaded.quantized}): an int8 build would quantize it "
         "twice, a second rounding on the first (ONNX Runtime's quantizer refuses the graph, others "
-        "re-round it); an fp32 target compiles it as it is, its int8 operators included"
+        "re-round it); an fp32 target compiles it as it is, its int8 operators included, held to "
+        "int8's validation limits"
     )
 
 
@@ -484,6 +485,7 @@ def compile_step(
             device=device,
             validation=cm.spec.validation,
             progress=lambda text: ctx.reporter.stage(label, text),
+            source_quantized=bool(ctx.loaded.quantized),
         )
         artifact = backend.compile(request)
         runner = backend.load(artifact, ctx.threads, device) if backend.entry.validates else None
@@ -497,9 +499,11 @@ def compile_step(
     return artifact, runner
 
 
-def thresholds_of(cm: CompiledModel, target: Target) -> Thresholds:
-    """The target's thresholds: precision defaults, then spec.validation's, then the target's."""
-    return validate.resolve_thresholds(target.precision, cm.spec.validation.tolerances, target.tolerances)
+def thresholds_of(cm: CompiledModel, target: Target, loaded: sources.LoadedSource) -> Thresholds:
+    """The target's thresholds: precision defaults (int8's for a source quantized already), then
+    spec.validation's, then the target's."""
+    precision = validate.gate_precision(target.precision, bool(loaded.quantized))
+    return validate.resolve_thresholds(precision, cm.spec.validation.tolerances, target.tolerances)
 
 
 def compile_request(
@@ -515,6 +519,7 @@ def compile_request(
     device: str = "cpu",
     validation: Validation | None = None,
     progress: Callable[[str], None] | None = None,
+    source_quantized: bool = False,
 ) -> CompileRequest:
     """A backend's request for `target`: its options parsed by its catalog entry (OptionsError when
     bad), its thresholds and task from `validation` and the target, and the reference outputs: the
@@ -530,7 +535,11 @@ def compile_request(
         signature=signature,
         reference=reference,
         options=entry(target.backend).parse_options(target.options),
-        thresholds=validate.resolve_thresholds(target.precision, validation.tolerances, target.tolerances),
+        thresholds=validate.resolve_thresholds(
+            validate.gate_precision(target.precision, source_quantized),
+            validation.tolerances,
+            target.tolerances,
+        ),
         task=validation.task,
         threads=threads,
         module=module,
@@ -594,7 +603,7 @@ def compare_step(ctx: BuildContext, target: Target, ts: TargetStatus, outputs: R
     from kompile.compile_jobs import run_results
 
     ts.validation = run_results.compare(
-        ctx.reference, outputs, thresholds_of(ctx.cm, target), ctx.cm.spec.validation.task
+        ctx.reference, outputs, thresholds_of(ctx.cm, target, ctx.loaded), ctx.cm.spec.validation.task
     )
     if ts.validation.passed:
         ts.phase, ts.reason, ts.message = "Succeeded", "Validated", None
@@ -607,7 +616,7 @@ def dims_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatu
     """Hold a validated artifact to the source at the min, half the opt and the max of its dynamic
     dims besides the batch (kompile.compile_jobs.dims_check) and at the batch max where no benchmark
     batch holds it (kompile.compile_jobs.batch_check): a miss fails it as one at opt would."""
-    thresholds = thresholds_of(ctx.cm, target)
+    thresholds = thresholds_of(ctx.cm, target, ctx.loaded)
     failures = ctx.dims.failures(runner, thresholds) if ctx.dims else []
     batch = ctx.batches.at_largest(runner, thresholds) if ctx.batches else []
     unchecked = [*(ctx.dims.unchecked if ctx.dims else []), *(ctx.batches.unchecked if ctx.batches else [])]

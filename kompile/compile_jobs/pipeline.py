@@ -336,7 +336,7 @@ def _benchmark(
             f"(spec.benchmark.batchSizes {cm.spec.benchmark.batch_sizes} needs a dynamic dim on axis 0)",
         )
     timed = [
-        timing.Timed(label, b.runner, b.status, thresholds_of(cm, b.target))
+        timing.Timed(label, b.runner, b.status, thresholds_of(cm, b.target, loaded))
         for p in planned
         for label, b in p.labelled()
         if b.runner is not None and b.status.validation and b.status.validation.passed

@@ -70,6 +70,14 @@ def default_thresholds(precision: str) -> Thresholds:
         ) from None
 
 
+def gate_precision(precision: str, source_quantized: bool) -> str:
+    """The precision whose limits hold an artifact. A source quantized already runs int8 operators
+    in every artifact built from it, and each runtime rounds them its own way (OpenVINO's per-call
+    zero point of 127 where ONNX Runtime's is 128: one step on every value), so its artifacts are
+    held to int8's limits whatever the target's precision."""
+    return "int8" if source_quantized else precision
+
+
 def resolve_thresholds(precision: str, *overrides: Tolerances | None) -> Thresholds:
     """Precision defaults with each override applied in turn (later wins; unset fields keep defaults)."""
     merged = default_thresholds(precision).model_dump()
