@@ -486,6 +486,7 @@ def compile_step(
             validation=cm.spec.validation,
             progress=lambda text: ctx.reporter.stage(label, text),
             source_quantized=bool(ctx.loaded.quantized),
+            sized_inputs=ctx.dims.inputs if ctx.dims else (),
         )
         artifact = backend.compile(request)
         runner = backend.load(artifact, ctx.threads, device) if backend.entry.validates else None
@@ -520,6 +521,7 @@ def compile_request(
     validation: Validation | None = None,
     progress: Callable[[str], None] | None = None,
     source_quantized: bool = False,
+    sized_inputs: Sequence[Feeds] = (),
 ) -> CompileRequest:
     """A backend's request for `target`: its options parsed by its catalog entry (OptionsError when
     bad), its thresholds and task from `validation` and the target, and the reference outputs: the
@@ -545,6 +547,7 @@ def compile_request(
         module=module,
         device=device,
         progress=progress,
+        sized_inputs=sized_inputs,
     )
 
 

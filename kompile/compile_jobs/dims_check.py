@@ -223,6 +223,11 @@ class DimsCheck:
             self._held.append(_Held(sizes, at, how))
 
     @property
+    def inputs(self) -> list[Feed]:
+        """The inputs at every size held, once prepared: static int8 calibrates on them too."""
+        return [f for h in self._held or [] for f in h.reference.inputs]
+
+    @property
     def checked(self) -> list[str]:
         """The sizes held ('sequence 16'), once prepared."""
         return [describe(h.sizes) for h in self._held or []]

@@ -406,7 +406,7 @@ def quantize_static(
             ort_quantize_static(
                 str(pre),
                 str(dst),
-                FeedReader(req.calibration, inputs),
+                FeedReader(req.calibration_at_sizes, inputs),
                 quant_format=QuantFormat.QDQ if opts.quant_format == "qdq" else QuantFormat.QOperator,
                 per_channel=per_channel,
                 reduce_range=opts.reduce_range,
@@ -429,6 +429,8 @@ def quantize_static(
     record.update({k: wire[k] for k in ("quantFormat", "activationType", "reduceRange", "calibrationMethod")})
     record.update(quantization="static", weightType="int8", perChannel=str(per_channel).lower())
     record["calibrationSamples"] = str(len(req.calibration))
+    if req.sized_inputs:
+        record["calibrationAtOtherSizes"] = str(len(req.sized_inputs))
     if excluded:
         record.update(keepFloat=opts.keep_float, floatNodes=str(len(excluded)))
     return dst
