@@ -135,7 +135,8 @@ def test_silero_vads_static_int8_skips_pre_processing_then_is_refused(
         "state": np.zeros((2, 1, 128), np.float32),
         "sr": np.array(16000, np.int64),
     }
-    request = SimpleNamespace(calibration=[feeds, feeds])  # stands in for CompileRequest: calibration only
+    # stands in for CompileRequest: its calibration only
+    request = SimpleNamespace(calibration=[feeds], calibration_at_sizes=[feeds, feeds], sized_inputs=[feeds])
     record: dict[str, str] = {}
     out = quantize_static(src, list(feeds), tmp_path, request, OnnxRuntimeOptions(), record, external=False)  # type: ignore[arg-type]
     assert record["preProcess"].startswith("skipped: AssertionError in symbolic_shape_infer.py"), record
