@@ -501,10 +501,15 @@ def compile_step(
 
 
 def thresholds_of(cm: CompiledModel, target: Target, loaded: sources.LoadedSource) -> Thresholds:
-    """The target's thresholds: precision defaults (int8's for a source quantized already), then
-    spec.validation's, then the target's."""
-    precision = validate.gate_precision(target.precision, bool(loaded.quantized))
-    return validate.resolve_thresholds(precision, cm.spec.validation.tolerances, target.tolerances)
+    """The target's thresholds in a run of `cm` on the source `loaded`."""
+    return _thresholds(target, cm.spec.validation, bool(loaded.quantized))
+
+
+def _thresholds(target: Target, validation: Validation, source_quantized: bool) -> Thresholds:
+    """Precision defaults (int8's for a source quantized already), then spec.validation's, then
+    the target's."""
+    precision = validate.gate_precision(target.precision, source_quantized)
+    return validate.resolve_thresholds(precision, validation.tolerances, target.tolerances)
 
 
 def compile_request(
@@ -537,11 +542,7 @@ def compile_request(
         signature=signature,
         reference=reference,
         options=entry(target.backend).parse_options(target.options),
-        thresholds=validate.resolve_thresholds(
-            validate.gate_precision(target.precision, source_quantized),
-            validation.tolerances,
-            target.tolerances,
-        ),
+        thresholds=_thresholds(target, validation, source_quantized),
         task=validation.task,
         threads=threads,
         module=module,

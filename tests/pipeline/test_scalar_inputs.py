@@ -6,22 +6,14 @@ step keeps it 0-d (np.ascontiguousarray made it [1] on the way to the model)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tests.pipeline.conftest import small_cnn_doc
+from tests.support.pretrained_files import silero_file
 
 CHUNK = 576  # 512 samples at 16 kHz and the 64 of context silero-vad's wrapper puts before them
-
-
-def _silero_onnx() -> Path:
-    spec = importlib.util.find_spec("silero_vad")  # not imported: its __init__ loads torchaudio helpers
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("silero-vad is installed by scripts/setup-venv.sh (requirements/pretrained.txt)")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
 
 
 def _audio(path: Path) -> Path:
@@ -53,7 +45,7 @@ def test_silero_vad_with_its_scalar_sample_rate_compiles_and_validates(  # type:
         {"backend": "openvino", "precision": "fp32"},
     ]
     doc = small_cnn_doc(
-        source={"uri": str(_silero_onnx())},
+        source={"uri": str(silero_file("silero_vad.onnx"))},
         inputs=[
             {"name": "input", "shape": [-1, CHUNK], "dynamicDims": batch},
             {"name": "state", "shape": [2, -1, 128], "dynamicDims": [{**batch[0], "axis": 1}]},

@@ -5,7 +5,6 @@ it. Each case is a real quantizer run on a small graph built here."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +21,7 @@ from kompile.compile_jobs.backends.onnxruntime import (
     quantized_nodes,
     require_quantized,
 )
+from tests.support.pretrained_files import silero_file
 
 RNG = np.random.default_rng(0)
 
@@ -49,12 +49,9 @@ def _save(
     return path
 
 
-def _silero_file(name: str) -> Path:
-    """A file of the silero-vad wheel (real weights)."""
-    spec = importlib.util.find_spec("silero_vad")  # not imported: its __init__ loads torchaudio helpers
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("silero-vad is installed by scripts/setup-venv.sh (requirements/pretrained.txt)")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
+def _matmul(path: Path) -> Path:
+    """One MatMul by a constant weight: what the dynamic quantizer takes."""
+    return _save(path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [_weight("w", 8, 4)], x=[2, 8])
 
 
 def _dynamic(src: Path, tmp_path: Path) -> Path:
@@ -62,11 +59,9 @@ def _dynamic(src: Path, tmp_path: Path) -> Path:
 
 
 def test_a_matmul_graph_quantizes_and_passes(tmp_path: Path) -> None:
-    src = _save(
-        tmp_path / "mm.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"])], [_weight("w", 8, 4)], x=[2, 8]
-    )
+    src = _matmul(tmp_path / "mm.onnx")
     out = _dynamic(src, tmp_path)
-    assert quantized_nodes(out) > 0
+    assert quantized_nodes(onnx.load(str(out)).graph) > 0
     require_quantized(src, out, "dynamic")  # does not raise
 
 
@@ -98,17 +93,14 @@ def test_weights_inside_if_branches_are_refused_naming_the_branches(tmp_path: Pa
     cond = helper.make_node("If", ["flag"], ["y"], then_branch=branch("then"), else_branch=branch("else"))
     src = _save(tmp_path / "branches.onnx", [cond], [_weight("w", 8, 4)], x=[2, 8], flag=[])
     out = _dynamic(src, tmp_path)
-    assert quantized_nodes(out) == 0  # what was labelled int8: the fp32 graph
+    assert quantized_nodes(onnx.load(str(out)).graph) == 0  # what was labelled int8: the fp32 graph
     with pytest.raises(BackendError) as err:
         require_quantized(src, out, "dynamic")
     assert "its 2 MatMul nodes all lie inside If/Loop/Scan branches" in str(err.value)
 
 
 def test_a_source_quantized_already_is_said_so(tmp_path: Path) -> None:
-    src = _save(
-        tmp_path / "mm.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"])], [_weight("w", 8, 4)], x=[2, 8]
-    )
-    once = _dynamic(src, tmp_path)
+    once = _dynamic(_matmul(tmp_path / "mm.onnx"), tmp_path)
     twice = quantize_dynamic(once, tmp_path / "twice.onnx", OnnxRuntimeOptions(), {}, external=False)
     with pytest.raises(BackendError) as err:
         require_quantized(once, twice, "dynamic")
@@ -129,7 +121,7 @@ def test_silero_vads_static_int8_skips_pre_processing_then_is_refused(
     """The real file silero-vad ships: pre-processing fails on its If branches (a bare assert in
     symbolic shape inference) and is skipped with the reason; the quantizer then takes the graph
     and quantizes nothing, since every Conv and LSTM lies in a branch."""
-    src = _silero_file("silero_vad.onnx")
+    src = silero_file("silero_vad.onnx")
     feeds = {
         "input": RNG.standard_normal((1, 576)).astype(np.float32),
         "state": np.zeros((2, 1, 128), np.float32),
@@ -151,7 +143,7 @@ def test_the_dynamic_quantizers_untyped_tensor_dumps_are_held_back(
 ) -> None:
     """silero-vad's op-15 export has its Convs in the main graph: quantized, with a warning and a
     protobuf dump for each tensor shape inference left untyped, which told a user nothing."""
-    src = _silero_file("silero_vad_16k_op15.onnx")
+    src = silero_file("silero_vad_16k_op15.onnx")
     out = _dynamic(src, tmp_path)
     require_quantized(src, out, "dynamic")  # its main-graph Convs are quantized
     assert "Inference failed" not in caplog.text and "elem_type" not in caplog.text, caplog.text

@@ -450,9 +450,12 @@ def _nodes(graph: onnx.GraphProto, depth: int = 0) -> Iterator[tuple[onnx.NodePr
                 yield from _nodes(body, depth + 1)
 
 
-def quantized_nodes(path: Path) -> int:
-    """How many quantized operators the ONNX file at `path` holds, in its branches too."""
-    graph = onnx.load(str(path), load_external_data=False).graph
+def _graph(path: Path) -> onnx.GraphProto:
+    return onnx.load(str(path), load_external_data=False).graph
+
+
+def quantized_nodes(graph: onnx.GraphProto) -> int:
+    """How many quantized operators a graph holds, in its branches too."""
     return sum(1 for n, _ in _nodes(graph) if is_quantized_op(n.op_type))
 
 
@@ -460,10 +463,10 @@ def require_quantized(src: Path, dst: Path, mode: str) -> None:
     """Raise where quantizing `src` into `dst` quantized nothing: such an artifact is the fp32 graph
     labelled int8, and precision auto would stop at it (Silero VAD: every Conv and LSTM inside If
     branches, which ONNX Runtime's quantizers leave as they are)."""
-    held = quantized_nodes(src)
-    if quantized_nodes(dst) > held:
+    graph = _graph(src)  # each file parsed once: a model under 2 GB holds its weights in the graph
+    held = quantized_nodes(graph)
+    if quantized_nodes(_graph(dst)) > held:
         return
-    graph = onnx.load(str(src), load_external_data=False).graph
     weighted = [(n, d) for n, d in _nodes(graph) if n.op_type in _QUANTIZABLE_OPS]
     kinds = "/".join(sorted({n.op_type for n, _ in weighted}))
     if held:
