@@ -84,6 +84,32 @@ def test_int8_dynamic_needs_no_calibration(feeds: list[Feeds], tmp_path: Path) -
     assert verdict.passed, verdict.failures
     assert artifact.options["quantization"] == "ai-edge-quantizer-dynamic-wi8-afp32"
     assert artifact.options["calibrationSamples"] == "0" and artifact.options["integerIo"] == "false"
+    # Both convolutions' and the classifier's weights are int8; the activations stay float.
+    assert artifact.options["int8Weights"] == "3"
+
+
+class _Elementwise(torch.nn.Module):
+    """No convolution, no matmul: nothing the dynamic recipe quantizes (it takes weights of
+    CONV_2D, FULLY_CONNECTED and the like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(1, 16))
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.norm(x * self.w))
+
+
+def test_int8_dynamic_that_quantizes_no_weight_is_refused_not_labelled_int8(tmp_path: Path) -> None:
+    """It built an all-float .tflite and reported it as int8 (found by reading)."""
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(3)]
+    spec = InputSpec.model_validate({"name": "x", "shape": [1, 16], "dtype": "float32"})
+    target = Target(name="elem-int8", backend="litert", precision="int8", quantization="dynamic")
+    with pytest.raises(BackendError, match=r"quantized no weight.*ops: .*MUL.*quantization: static"):
+        build_and_compare(target, _Elementwise().eval(), [spec], feeds, tmp_path)
 
 
 def test_kompile_run_validates_and_times_a_litert_target(kompile_run: Any, write_manifest: Any) -> None:

@@ -108,11 +108,33 @@ class Steps:
             qt.quantize(calibration, enable_progress_bar=False).export_model(str(out), overwrite=True)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
             raise StepFailed(f"ai-edge-quantizer could not quantize the model: {_first_line(err)}") from err
-        return {
+        record = {
             "quantization": "ai-edge-quantizer-" + ("static-wi8-ai8" if static else "dynamic-wi8-afp32"),
             "calibrationSamples": str(len(req["calibration"]) if static else 0),
             "integerIo": str(static).lower(),
         }
+        if not static:
+            record["int8Weights"] = str(self._int8_weights(out))
+        return record
+
+    @staticmethod
+    def _int8_weights(path: Path) -> int:
+        """How many int8 tensors the dynamic recipe left in the model (its weights; activations
+        stay float). None: the recipe found no op it quantizes (it takes the weights of
+        convolutions, fully connected layers and the like), and the model is fp32 under an int8
+        label, which the tournament must not see."""
+        from ai_edge_litert import interpreter
+
+        it = interpreter.Interpreter(model_path=str(path))
+        count = sum(1 for t in it.get_tensor_details() if t["dtype"] == np.int8)
+        if count == 0:
+            ops = sorted({o["op_name"] for o in it._get_ops_details()})
+            raise StepFailed(
+                "ai-edge-quantizer's dynamic recipe (int8 weights, float activations) quantized no "
+                f"weight of this model (its ops: {', '.join(ops)}): it would run as fp32; use "
+                "quantization: static (int8 activations too) or precision fp32"
+            )
+        return count
 
     @staticmethod
     def _signature_inputs(path: Path) -> dict[str, Any]:
