@@ -67,6 +67,5 @@ def first_line(err: BaseException) -> str:
         frames = traceback.extract_tb(err.__traceback__)
         at = f" in {Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
         return type(err).__name__ + at
-    head = _CHECK.sub("", _ORT_CHECK.sub("", lines[0]))
-    checked = _CHECK.search(lines[0]) is not None
-    return f"{head}: {lines[-1]}" if checked and len(lines) > 1 else head
+    head, checks = _CHECK.subn("", _ORT_CHECK.sub("", lines[0]))
+    return f"{head}: {lines[-1]}" if checks and len(lines) > 1 else head
