@@ -15,11 +15,12 @@ import pytest
 pytest_plugins = ["tests.support.fixtures"]
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+TUNING_DB_ENV = "KOMPILE_TUNING_DB_DIR"  # kompile.compile_jobs.tvm_database.ROOT_ENV
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_TRACKING_UTILS = "mlflow.tracking._tracking_service.utils"  # holds mlflow.set_tracking_uri's global
 
 
-_INDUCTOR_CACHE: list[str] = []  # the folder this run made, if it made one
+_RUN_FOLDERS: dict[str, str] = {}  # environment variable -> the folder this run made for it
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,17 +28,20 @@ def pytest_configure(config: pytest.Config) -> None:
     environment): its default cache is /tmp/torchinductor_<user>, which no one removes, about 400 MB
     a run on a CI machine that keeps its /tmp. Give this run its own, removed at the end (random
     weights are frozen into the compiled code: a cache kept between runs would only grow). Set
-    before collection: Inductor writes its default into the environment on first use."""
-    if not os.environ.get(INDUCTOR_CACHE_ENV):  # else the developer chose one
-        _INDUCTOR_CACHE.append(tempfile.mkdtemp(prefix="kompile-tests-inductor-"))
-        os.environ[INDUCTOR_CACHE_ENV] = _INDUCTOR_CACHE[0]
+    before collection: Inductor writes its default into the environment on first use.
+    Likewise TVM's shared tuning databases: a tvm target whose test names no folder of its own
+    would read and lock the user's ~/.cache/kompile/tuning-databases (a run left a .lock there)."""
+    for env, prefix in ((INDUCTOR_CACHE_ENV, "inductor"), (TUNING_DB_ENV, "tuning-databases")):
+        if not os.environ.get(env):  # else the developer chose one
+            _RUN_FOLDERS[env] = tempfile.mkdtemp(prefix=f"kompile-tests-{prefix}-")
+            os.environ[env] = _RUN_FOLDERS[env]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for folder in _INDUCTOR_CACHE:
-        os.environ.pop(INDUCTOR_CACHE_ENV, None)
+    for env, folder in _RUN_FOLDERS.items():
+        os.environ.pop(env, None)
         shutil.rmtree(folder, ignore_errors=True)
-    _INDUCTOR_CACHE.clear()
+    _RUN_FOLDERS.clear()
 
 
 @pytest.fixture(autouse=True)
