@@ -12,10 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from kompile.compile_jobs.tvm_database import ROOT_ENV as TUNING_DB_ENV
+
 pytest_plugins = ["tests.support.fixtures"]
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-TUNING_DB_ENV = "KOMPILE_TUNING_DB_DIR"  # kompile.compile_jobs.tvm_database.ROOT_ENV
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_TRACKING_UTILS = "mlflow.tracking._tracking_service.utils"  # holds mlflow.set_tracking_uri's global
 

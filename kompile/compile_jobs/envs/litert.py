@@ -120,7 +120,7 @@ class Steps:
     @staticmethod
     def _int8_weights(path: Path) -> int:
         """How many int8 tensors the dynamic recipe left in the model (its weights; activations
-        stay float). None: the recipe found no op it quantizes (it takes the weights of
+        stay float). Zero: the recipe found no op it quantizes (it takes the weights of
         convolutions, fully connected layers and the like), and the model is fp32 under an int8
         label, which the tournament must not see."""
         from ai_edge_litert import interpreter
