@@ -9,7 +9,6 @@ Job's pod (the one target it was launched for). Failures of one target never sto
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -123,7 +122,9 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     spec = cm.spec
     status = CompiledModelStatus()
     targets = [t for t in plan_targets(cm) if not opts.only_targets or t.name in opts.only_targets]
-    threads = spec.benchmark.threads or os.cpu_count() or 1
+    # The cores this process may run on (a Job's cpuset), not the node's: pools sized to the host
+    # oversubscribe a pinned Job.
+    threads = spec.benchmark.threads or bench.available_cores()
     limit = memory_limit()  # a bad KOMPILE_MEMORY_LIMIT stops the run before any work
     bench.set_threads(threads)
 
