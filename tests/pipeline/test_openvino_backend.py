@@ -261,6 +261,11 @@ def test_a_node_openvino_refuses_at_a_declared_size_is_named_in_the_message(  # 
     assert cands["onnxruntime-fp32"]["phase"] == "Succeeded"
     refused = cands["openvino-fp32"]
     assert refused["reason"] == "ValidationFailed", refused
-    assert "at height 1" in refused["message"] and "MaxPool node with name 'y'" in refused["message"], refused
-    assert "Kernel after dilation has size (dim: 2) larger than the data shape" in refused["message"], refused
-    assert "Exception from" not in refused["message"], refused
+    # With two or more cores OpenVINO 2026.4 raises, and its node is named; on one core (a pinned
+    # test worker, a one-core pod) it raises nothing and returns the previous size's output
+    # ([1, 4, 4, 4] where the source gives [1, 4, 1, 4]): the shape check refuses that instead.
+    message = refused["message"]
+    assert "at height 1" in message and "Exception from" not in message, refused
+    if "does not match the source model's [1, 4, 1, 4]" not in message:
+        assert "MaxPool node with name 'y'" in message, refused
+        assert "Kernel after dilation has size (dim: 2) larger than the data shape" in message, refused
