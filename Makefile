@@ -4,6 +4,10 @@ EXAMPLE ?= examples/resnet50.yaml
 # Tests run in a random order (pytest-randomly): each must set up what it reads. The seed is
 # printed; SEED=<n> repeats an order.
 SEED ?= $(shell date +%s)
+# Test files run on WORKERS pytest-xdist workers, each pinned to its share of the cores
+# (tests/conftest.py); a file's tests stay on one worker (their module fixtures compile once).
+# WORKERS=0 runs them in this process, one after another.
+WORKERS ?= 2
 
 # Backends' own environments (requirements/env-*.txt; cached under ~/.cache/kompile by the hash of
 # each file): litert's and xla's first builds take 2-5 minutes and 6.5 GB each (a second torch);
@@ -24,7 +28,7 @@ test: setup
 	  $$v/bin/mypy && \
 	  $$v/bin/lint-imports && \
 	  echo "test order: pytest-randomly seed $(SEED) (again: make test SEED=$(SEED))" && \
-	  $$v/bin/python -m pytest -q --randomly-seed=$(SEED) $(PYTEST_ARGS)
+	  $$v/bin/python -m pytest -q -n $(WORKERS) --dist loadfile --randomly-seed=$(SEED) $(PYTEST_ARGS)
 
 # Everything `make test` needs (venv, backend environments, control plane, S3 server, test tools),
 # built in three concurrent lanes (scripts/setup-all.sh); cached, so a warm run returns at once.

@@ -10,6 +10,8 @@ once per session; a session that uses neither starts neither.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,13 +20,21 @@ from tests.support.servers import MlflowServer, S3Server
 
 
 def report_line(config: pytest.Config, line: str) -> None:
-    """A line on the terminal even under output capture (a session fixture has no test to show it)."""
+    """A line on the terminal even under output capture (a session fixture has no test to show it).
+
+    A pytest-xdist worker's terminal reporter writes to no terminal (its stdout is the channel to
+    the controller); its stderr is the terminal's, so the line goes there, named for the worker."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if capture is None or (reporter is None and not worker):
         return
     with capture.global_and_fixture_disabled():
-        reporter.write_line(line)
+        if worker:
+            sys.stderr.write(f"\n[{worker}] {line.lstrip()}\n")
+            sys.stderr.flush()
+        elif reporter is not None:
+            reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
