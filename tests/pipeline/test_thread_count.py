@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,9 @@ class _Sized(Exception):
     """Stops the run where it has chosen its thread count: nothing after that is under test."""
 
 
-def _threads_chosen(doc: dict, tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> int:  # type: ignore[no-untyped-def,type-arg]
+def _threads_chosen(
+    doc: dict[str, Any], tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch
+) -> int:  # type: ignore[no-untyped-def]
     chosen: list[int | None] = []
 
     def record(n: int | None = None) -> int:

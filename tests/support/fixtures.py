@@ -27,7 +27,7 @@ def report_line(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if capture is None or (reporter is None and not worker):
+    if capture is None:
         return
     with capture.global_and_fixture_disabled():
         if worker:
