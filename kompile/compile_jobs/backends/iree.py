@@ -59,7 +59,8 @@ FEATURES = "--iree-llvmcpu-target-cpu-features="
 # prefer-256-bit gave -9% in one run and +2% in the next).
 CLASS_TARGETS: dict[str, tuple[str, str]] = {
     # No AMX features: IREE's x86 microkernels have AVX2, AVX-512, VNNI and BF16 variants and none for
-    # AMX tiles, so AMX machines get the BF16 ones.
+    # AMX tiles, so AMX machines get the BF16 ones (measured on a Xeon with AMX: LLVM's `host`, AMX
+    # on, ran ResNet-50 and BERT-base no faster; docs/backends.md, "iree").
     "amx": ("x86-64-v4", "+avx512vnni,+avx512bf16"),
     "avx512bf16": ("x86-64-v4", "+avx512vnni,+avx512bf16"),
     "avx512vnni": ("x86-64-v4", "+avx512vnni"),
