@@ -29,7 +29,7 @@ from kompile.artifact_store import (
     probe_bucket,
     put_tree,
 )
-from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.inputs import InputMismatch

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kompile.api.status import LatencyStats
+from kompile.compile_jobs.cores import available_cores
 
 Clock = Callable[[], int]
 
@@ -25,14 +26,6 @@ class SelfTimed:
     backend's own environment) times the call there, so the pipe's round trip is not counted."""
 
     ns: int
-
-
-def available_cores() -> int:
-    """Cores this process may run on (the cgroup/affinity view, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def set_threads(n: int | None = None) -> int:

@@ -14,7 +14,8 @@ import torch
 
 from kompile.compile_jobs.backends.base import Backend, BackendError, CompiledArtifact, CompileRequest, Feeds
 from kompile.compile_jobs.backends.inductor import EXPORT_ERRORS, describe_export_error
-from kompile.compile_jobs.benchmark import SelfTimed, available_cores
+from kompile.compile_jobs.benchmark import SelfTimed
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.environments import EnvProcess
 from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.hardware import cpu_description

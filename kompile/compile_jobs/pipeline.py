@@ -30,6 +30,7 @@ from kompile.compile_jobs.backends.base import Runner
 from kompile.compile_jobs.batch_check import BatchCheck
 from kompile.compile_jobs.build import BuildContext, plan_target, reference_results, thresholds_of
 from kompile.compile_jobs.built import BuiltTarget, PlannedTarget
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.dims_check import DimsCheck
 from kompile.compile_jobs.hardware import local_arch, local_cpu_class
 from kompile.compile_jobs.residency import Residency, memory_limit, weights_bytes
@@ -124,7 +125,7 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
     targets = [t for t in plan_targets(cm) if not opts.only_targets or t.name in opts.only_targets]
     # The cores this process may run on (a Job's cpuset), not the node's: pools sized to the host
     # oversubscribe a pinned Job.
-    threads = spec.benchmark.threads or bench.available_cores()
+    threads = spec.benchmark.threads or available_cores()
     limit = memory_limit()  # a bad KOMPILE_MEMORY_LIMIT stops the run before any work
     bench.set_threads(threads)
 

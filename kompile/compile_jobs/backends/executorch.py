@@ -44,7 +44,7 @@ from kompile.compile_jobs.backends.inductor import (
     flatten_outputs,
     to_tensor,
 )
-from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.export import names_for_outputs
 from kompile.compile_jobs.hardware import cpu_description
 from kompile.compile_jobs.quiet import output_to

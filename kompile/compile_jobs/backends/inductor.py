@@ -49,7 +49,7 @@ from kompile.compile_jobs.backends.base import (
     Feeds,
     options_of,
 )
-from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.export import dynamic_shapes as dynamic_shapes  # tests read it here
 from kompile.compile_jobs.export import example_sizes, names_for_outputs
 from kompile.compile_jobs.export import flatten_outputs as flatten_outputs  # executorch reads it here

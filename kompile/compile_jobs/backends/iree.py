@@ -46,7 +46,7 @@ from kompile.compile_jobs.backends.base import (
     node_gpu,
     options_of,
 )
-from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.env_backend import EnvRunner, built_in_environment, compile_in_environment
 from kompile.compile_jobs.hardware import local_cpu_class, local_cuda_capability
 

@@ -37,7 +37,7 @@ from kompile.compile_jobs.backends.base import (
     Remedy,
     options_of,
 )
-from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16
 from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
 from kompile.compile_jobs.user_code import first_line

@@ -64,7 +64,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.backends.executorch import static_example
 from kompile.compile_jobs.backends.onnxruntime import optimize_and_save
-from kompile.compile_jobs.benchmark import available_cores
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.env_backend import EnvRunner, compile_in_environment
 from kompile.compile_jobs.envs import PROTOBUF_LIMIT, fix_input_dims
 from kompile.compile_jobs.envs.tvm_target import target_for, target_string

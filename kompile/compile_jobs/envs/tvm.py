@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.env_protocol import StepFailed, progress
 from kompile.compile_jobs.envs import (
     FeedCache,
@@ -207,7 +208,7 @@ class Steps:
         if mode == "auto" and transformed is None and blocked.eligible:
             record["winogradMeasured"] = "not measured: nothing tuned (no tuning database); direct"
         if state:
-            budget = _budget(options, int(target_json.get("num-cores", os.cpu_count() or 1)))
+            budget = _budget(options, tuning_cores(options, target_json))
             if transformed is not None:
                 budget = dataclasses.replace(budget, pick_builds=2)
 
@@ -315,9 +316,7 @@ def _compile_cuda(
         "activationLayout": "NCHW",
         "pipeline": "dlight-default",
     }
-    # The builder's workers: the cores the pipeline runs with (the run's threads, else this
-    # process's affinity), not the host's count.
-    budget = _budget(options, int(options.get("cores", "0") or 0) or len(os.sched_getaffinity(0)))
+    budget = _budget(options, tuning_cores(options, target_json))
     if not state:
         # The pipeline hands a GPU class's database over only on a node with the class's GPU.
         record["tuning"] = "none: no tuning database (a GPU class tunes on a node with its GPU)"
@@ -340,6 +339,14 @@ def _compile_cuda(
     except TVM_ERRORS as err:
         raise StepFailed(f"TVM could not build the model for cuda {arch}: {_first_line(err)}") from err
     return record | tvm_cuda.check_kernels(executable, arch)
+
+
+def tuning_cores(options: dict[str, str], target_json: dict[str, Any]) -> int:
+    """Cores the tuning's builders and runners use: the run's threads the backend sent (a cuda
+    target's JSON has no num-cores), else the cores this process may run on. Not os.cpu_count(): a
+    GPU node's container sees the host's count (often 100+) where its cgroup grants a few."""
+    sent = int(options.get("cores", "0") or 0) or int(target_json.get("num-cores", 0))
+    return sent if sent > 0 else available_cores()
 
 
 def _budget(options: dict[str, str], cores: int) -> Any:
