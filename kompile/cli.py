@@ -83,6 +83,14 @@ PrecisionOption = Annotated[
     ),
 ]
 BackendOption = Annotated[str, typer.Option(help="Model files: the fleet's backend (default auto).")]
+DatasetOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--dataset",
+        help="Model files: reference inputs, an .npz keyed by input name (samples along the batch "
+        "axis): validation runs on them, and the dims they show take their sizes.",
+    ),
+]
 
 
 @app.command()
@@ -113,6 +121,7 @@ def run(
     dim: DimOption = None,
     precision: PrecisionOption = None,
     backend: BackendOption = "auto",
+    dataset: DatasetOption = None,
     name: Annotated[
         str | None,
         typer.Option(
@@ -130,9 +139,12 @@ def run(
     written: str | None = None
     _refuse_uri(manifest, "run")
     if starter_is_model(manifest):
-        cm, written = _starter_manifest(manifest, manifest.name, dim, precision, backend, name)
-    elif dim or precision or backend != "auto":
-        raise _fail("--dim, --precision and --backend apply to model files; edit the manifest instead")
+        found = _dataset_ref(dataset, manifest.parent)
+        cm, written = _starter_manifest(manifest, manifest.name, dim, precision, backend, name, found)
+    elif dim or precision or backend != "auto" or dataset is not None:
+        raise _fail(
+            "--dim, --precision, --backend and --dataset apply to model files; edit the manifest instead"
+        )
     else:
         try:
             cm = load_manifest(manifest, name)
@@ -198,8 +210,10 @@ def _starter_manifest(
     precisions: list[str] | None,
     backend: str,
     name: str | None = None,
+    dataset: tuple[Path, str] | None = None,
 ) -> tuple[CompiledModel, str]:
-    """The CompiledModel written for a model file, and its commented YAML."""
+    """The CompiledModel written for a model file, and its commented YAML; `dataset` is the
+    --dataset file and how the manifest names it."""
     from kompile.api.resource import parse_manifest
     from kompile.compile_jobs.source_files import SourceError
     from kompile.starter import StarterError, StarterOptions, commented_yaml, manifest_for, parse_dim
@@ -212,12 +226,24 @@ def _starter_manifest(
             precisions=list(precisions or ["fp32"]),
             backend=backend,
             name=name,
+            dataset=dataset[0] if dataset else None,
+            dataset_uri=dataset[1] if dataset else "",
         )
         doc = manifest_for(model, source_uri, opts)
         cm = parse_manifest(doc, f"the manifest written for {model.name}")
     except (StarterError, SourceError, ManifestError) as err:
         raise _fail(str(err)) from None
     return cm, commented_yaml(doc, model)
+
+
+def _dataset_ref(dataset: Path | None, manifest_dir: Path) -> tuple[Path, str] | None:
+    """The --dataset file and its path relative to the manifest's folder (where the run resolves
+    spec.validation.dataset, as it does the source)."""
+    if dataset is None:
+        return None
+    if not dataset.is_file():
+        raise _fail(f"--dataset {dataset}: no such file")
+    return dataset, Path(os.path.relpath(dataset.resolve(), manifest_dir.resolve())).as_posix()
 
 
 @app.command()
@@ -229,6 +255,7 @@ def init(
     dim: DimOption = None,
     precision: PrecisionOption = None,
     backend: BackendOption = "auto",
+    dataset: DatasetOption = None,
     name: Annotated[str | None, typer.Option(help="metadata.name; default: from the file name.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite OUT if it exists.")] = False,
 ) -> None:
@@ -236,7 +263,10 @@ def init(
     _refuse_uri(model, "init")
     path = out or (model.parent / f"{model.name}.yaml" if model.is_dir() else model.with_suffix(".yaml"))
     source = Path(os.path.relpath(model.resolve(), path.resolve().parent)).as_posix()
-    _, text = _starter_manifest(model, source, dim, precision, backend, name)  # refuses a non-model first
+    found = _dataset_ref(dataset, path.parent)
+    _, text = _starter_manifest(
+        model, source, dim, precision, backend, name, found
+    )  # refuses a non-model first
     if path.exists() and not force:
         raise _fail(f"{path} exists: pass --force to overwrite it, or --out another file")
     try:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import yaml
 
 from kompile.api.resource import API_VERSION, KIND
 from kompile.api.spec import InputSpec, static_batch
 from kompile.api.vocabulary import DNS_LABEL_PATTERN, NAME_MAX, TargetPrecision
+
+if TYPE_CHECKING:
+    from kompile.compile_jobs.signature import Input
 
 SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
 
@@ -30,6 +33,10 @@ class StarterOptions:
     precisions: list[str] = field(default_factory=lambda: ["fp32"])
     backend: str = "auto"
     name: str | None = None
+    dataset: Path | None = None
+    """--dataset: an .npz of reference inputs; validation runs on it and it sizes the dims it shows."""
+    dataset_uri: str = ""
+    """How the manifest names that file (relative to the manifest's folder, as the source)."""
 
 
 def model_format(path: Path) -> str | None:
@@ -110,20 +117,64 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
             f"--dim {', '.join(unknown)}: {model.name} has no dynamic dimension of that name; "
             f"its dynamic dimensions are {sorted(known) or 'none'}"
         )
+    dims = dict(opts.dims)
+    if opts.dataset is not None:
+        dims |= _dataset_dims(opts.dataset, inputs, dims)
     fleet: dict[str, Any] = {"enabled": True, "precisions": list(opts.precisions)}
     if opts.backend != "auto":
         fleet |= {"cpuBackend": opts.backend, "gpuBackend": opts.backend}
+    spec: dict[str, Any] = {
+        "source": {"uri": source_uri},
+        "inputs": input_specs(inputs, dims),
+        "fleet": fleet,
+        "benchmark": {"batchSizes": [_timed_batch(input_specs(inputs, dims))]},
+    }
+    if opts.dataset is not None:
+        spec["validation"] = {"dataset": opts.dataset_uri or str(opts.dataset)}
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": opts.name or _dns_name(model.name if fmt == "huggingface" else model.stem)},
-        "spec": {
-            "source": {"uri": source_uri},
-            "inputs": input_specs(inputs, opts.dims),
-            "fleet": fleet,
-            "benchmark": {"batchSizes": [_timed_batch(input_specs(inputs, opts.dims))]},
-        },
+        "spec": spec,
     }
+
+
+def _dataset_dims(
+    path: Path, inputs: list[Input], given: dict[str, tuple[int, int, int]]
+) -> dict[str, tuple[int, int, int]]:
+    """Ranges for the dynamic dims (not the batch, not set by --dim) whose size the dataset shows:
+    that size is the opt, inside the guessed range where it fits, else the only size (a Silero VAD
+    chunk of 576 samples, which the guess of 16 to 256 cannot run). A guess that held no real input
+    is what made such a model fail before any compile."""
+    from kompile.compile_jobs.inputs import InputMismatch, read_npz
+    from kompile.compile_jobs.signature import Dim, input_specs
+
+    try:
+        shapes = {k: a.shape for k, a in read_npz(path, [i.name for i in inputs]).items()}
+    except InputMismatch as err:
+        raise StarterError(f"--dataset {err}") from None
+    leading = next((i for i in inputs if i.shape), None)
+    batch = leading.shape[0].name if leading and isinstance(leading.shape[0], Dim) else None
+    seen: dict[str, set[int]] = {}
+    for item in inputs:
+        if len(shapes[item.name]) != len(item.shape):
+            continue  # the run says what is wrong with it
+        for axis, size in enumerate(item.shape):
+            if isinstance(size, Dim) and size.name != batch and size.name not in given:
+                seen.setdefault(size.name, set()).add(shapes[item.name][axis])
+    guessed = {
+        d["name"]: (d["min"], d["opt"], d["max"])
+        for doc in input_specs(inputs, given)
+        for d in doc.get("dynamicDims", [])
+    }
+    out: dict[str, tuple[int, int, int]] = {}
+    for name, sizes in seen.items():
+        if len(sizes) != 1 or min(sizes) < 1:
+            continue  # inputs disagree: the run reports it
+        (n,) = sizes
+        lo, _, hi = guessed[name]
+        out[name] = (lo, n, hi) if lo <= n <= hi else (n, n, n)
+    return out
 
 
 def _timed_batch(specs: list[dict[str, Any]]) -> int:
@@ -166,4 +217,10 @@ def commented_yaml(doc: dict[str, Any], model: Path) -> str:
         "  # Batch sizes timed for the figures (and the selection).",
         _block({"benchmark": spec["benchmark"]}, 2).rstrip(),
     ]
+    if "validation" in spec:
+        out += [
+            "  # Reference inputs (--dataset), relative to this manifest: validation and int8 calibration",
+            "  # run on them; the dims they show took their sizes above.",
+            _block({"validation": spec["validation"]}, 2).rstrip(),
+        ]
     return "\n".join(out) + "\n"

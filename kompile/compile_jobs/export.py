@@ -19,7 +19,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from kompile.api.spec import InputSpec, leading
+from kompile.api.spec import InputSpec, batch_dim, leading
 from kompile.api.vocabulary import DType
 from kompile.compile_jobs.inputs import Feed, resize
 from kompile.compile_jobs.quiet import output_to
@@ -93,9 +93,10 @@ def dims_hint(signature: Sequence[InputSpec], feed: Feed) -> str:
     guessed size (128 for a dim named like a sequence) can be too small for a model (a convolution
     over 400 audio samples)."""
     sizes: dict[str, int] = {}
+    batch = batch_dim(signature)  # also axis 1 of an RNN state: not a size to set
     for spec in signature:
         for dim in spec.dynamic_dims or []:
-            if dim.axis > 0 and spec.name in feed:
+            if dim.axis > 0 and dim.name != batch and spec.name in feed:
                 sizes.setdefault(dim.name, int(feed[spec.name].shape[dim.axis]))
     if not sizes:
         return ""
@@ -103,7 +104,8 @@ def dims_hint(signature: Sequence[InputSpec], feed: Feed) -> str:
     first = next(iter(sizes))
     return (
         f"the dynamic dims were {at}: a model that needs another size takes it with `--dim "
-        f"{first}=MIN:OPT:MAX` (kompile run or init on a model file) or in spec.inputs[].dynamicDims; "
+        f"{first}=MIN:OPT:MAX`, or real inputs with `--dataset samples.npz` (kompile run or init on "
+        "a model file), or in spec.inputs[].dynamicDims; "
     )
 
 

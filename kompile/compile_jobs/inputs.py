@@ -188,25 +188,19 @@ def load_dataset(
     under it, one per sample."""
     batch = batch_dim(signature)
     axes = {s.name: batch_axis(s, batch) for s in signature}
+    found = read_npz(path, [s.name for s in signature])
     try:
-        with np.load(path, allow_pickle=False) as data:
-            missing = [s.name for s in signature if s.name not in data.files]
-            if missing:
-                raise InputMismatch(
-                    f"{path}: dataset has arrays {sorted(data.files)}, missing inputs {missing} "
-                    "(keys must be the input names of spec.inputs)"
-                )
-            arrays = {s.name: _check_array(s, data[s.name], str(path), axes[s.name]) for s in signature}
-            if labels_key is not None and labels_key not in data.files:
-                raise InputMismatch(
-                    f"{path}: spec.validation.labelsKey is {labels_key!r} and the dataset has no such "
-                    f"array (it has {sorted(data.files)})"
-                )
-            labels = None if labels_key is None else np.asarray(data[labels_key])
+        arrays = {s.name: _check_array(s, found[s.name], str(path), axes[s.name]) for s in signature}
     except InputMismatch:
         raise
-    except (OSError, ValueError) as err:
+    except ValueError as err:
         raise InputMismatch(f"{path}: cannot read the dataset as .npz: {err}") from None
+    if labels_key is not None and labels_key not in found:
+        raise InputMismatch(
+            f"{path}: spec.validation.labelsKey is {labels_key!r} and the dataset has no such "
+            f"array (it has {sorted(found)})"
+        )
+    labels = None if labels_key is None else np.asarray(found[labels_key])
     held = {k: (a.shape[axes[k]], axes[k]) for k, a in arrays.items() if axes[k] is not None}
     samples = next(iter(held.values()))[0] if held else next(iter(arrays.values())).shape[0]
     if labels is not None:
@@ -222,6 +216,24 @@ def load_dataset(
             "one, or leave spec.validation.dataset out to validate on generated inputs"
         )
     return [_sample(arrays, axes, i) for i in range(samples)], labels
+
+
+def read_npz(path: Path, names: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
+    """Every array of a dataset .npz; InputMismatch where it cannot be read or lacks an input of
+    `names` (the keys are input names)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [n for n in names if n not in data.files]
+            if missing:
+                raise InputMismatch(
+                    f"{path}: dataset has arrays {sorted(data.files)}, missing inputs {missing} "
+                    "(keys must be the input names of spec.inputs)"
+                )
+            return {k: data[k] for k in data.files}
+    except InputMismatch:
+        raise
+    except (OSError, ValueError) as err:
+        raise InputMismatch(f"{path}: cannot read the dataset as .npz: {err}") from None
 
 
 def _sample(arrays: dict[str, np.ndarray[Any, Any]], axes: dict[str, int | None], i: int) -> Feed:

@@ -194,7 +194,8 @@ def _onnx_inputs(path: Path) -> list[Input]:
             if d.HasField("dim_value") and d.dim_value > 0:
                 shape.append(int(d.dim_value))
             else:
-                fallback = "batch" if axis == 0 else f"{_dim_name(vi.name, 'input')}_dim{axis}"
+                batch_like = axis == 0 or _state_batch_axis(vi.name, list(tt.shape.dim), axis)
+                fallback = "batch" if batch_like else f"{_dim_name(vi.name, 'input')}_dim{axis}"
                 if not d.dim_param:
                     shape.append(Dim(fallback))
                 elif _GENERATED_DIM.match(d.dim_param):  # one readable name per symbol: inputs stay tied
@@ -206,6 +207,18 @@ def _onnx_inputs(path: Path) -> list[Input]:
         vocab = _onnx_vocabulary(model.graph, vi.name) if dtype.startswith("int") else None
         out.append(Input(vi.name, dtype, shape, *((0, vocab) if vocab else (None, None))))
     return out
+
+
+# An RNN's carried state: LSTM/GRU h and c, "state" (Silero VAD), "hidden".
+_STATE_LIKE = re.compile(r"state|hidden|^[hc]0?$|^[hc]_?in$", re.IGNORECASE)
+
+
+def _state_batch_axis(name: str, dims: list[Any], axis: int) -> bool:
+    """Axis 1 of an RNN state [layers, batch, hidden] left unnamed in the graph (Silero VAD's
+    [2, ?, 128]): the batch, as ONNX's LSTM and GRU lay their states out. Only where the layers and
+    hidden axes are fixed and the input is named as a state."""
+    fixed = [d.HasField("dim_value") and d.dim_value > 0 for d in dims]
+    return axis == 1 and len(dims) == 3 and fixed[0] and fixed[2] and bool(_STATE_LIKE.search(name))
 
 
 # Ops between an integer input and the embedding lookup that leave its values as they are.

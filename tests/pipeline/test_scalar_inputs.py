@@ -121,3 +121,76 @@ def test_a_scalar_listed_first_leaves_the_batch_to_the_next_input(  # type: igno
     for cand in t["candidates"]:
         assert cand["reason"] == "Validated", cand
         assert sorted(lat["batchSize"] for lat in cand["latency"]) == [1, 4], cand
+
+
+def test_silero_vad_runs_from_its_file_and_a_dataset_alone(tmp_path: Path) -> None:
+    """From the file alone the run failed: the state's unnamed axis 1 became its own dim
+    (state_dim1, 16) beside a batch of 1, the audio's unnamed length a guessed 16 samples, and the
+    sample rate a generated 0 or 1. `--dataset` gives the samples: the dims the dataset fixes (the
+    576 samples a chunk holds) come from it, the rate too, and an RNN state [layers, ?, hidden]'s
+    unnamed axis 1 is the batch."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    model = tmp_path / "vad" / "silero_vad.onnx"
+    model.parent.mkdir()
+    model.write_bytes(silero_file("silero_vad.onnx").read_bytes())
+    data = _audio(tmp_path / "audio.npz")
+    runner = CliRunner()
+    # Without it, the error names the audio's length (not the state's batch) and both ways to set it.
+    res = runner.invoke(app, ["run", str(model), "--no-register", "--work-dir", str(tmp_path / "w")])
+    text = " ".join(res.stderr.split())
+    assert res.exit_code == 2 and "'state': [2, 1, 128]" in text, text
+    assert "the dynamic dims were input_dim1=16:" in text and "--dataset samples.npz" in text, text
+    res = runner.invoke(app, ["init", str(model), "--dataset", str(data)])
+    assert res.exit_code == 0, res.stderr
+    spec = yaml.safe_load(model.with_suffix(".yaml").read_text())["spec"]
+    dims = {i["name"]: i.get("dynamicDims", []) for i in spec["inputs"]}
+    assert [(d["axis"], d["name"]) for d in dims["state"]] == [(1, "batch")], dims
+    samples = [(d["axis"], d["name"], d["min"], d["opt"], d["max"]) for d in dims["input"]][1]
+    assert samples == (1, "input_dim1", CHUNK, CHUNK, CHUNK), dims  # outside the 1..256 guess: fixed
+    assert [i["shape"] for i in spec["inputs"]] == [[-1, -1], [2, -1, 128], []], spec["inputs"]
+    assert spec["validation"] == {"dataset": "../audio.npz"}  # relative to the manifest, as the source
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            str(model),
+            "--dataset",
+            str(data),
+            "--json",
+            "--no-register",
+            "--work-dir",
+            str(tmp_path / "w"),
+        ],
+    )
+    assert res.exit_code == 0, res.stderr
+    import json
+
+    (t,) = json.loads(res.stdout)["targets"]
+    assert t["phase"] == "Succeeded", t
+
+
+def test_a_dataset_flag_that_cannot_serve_is_a_clear_error(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    model = silero_file("silero_vad.onnx")
+    runner = CliRunner()
+    np.savez(tmp_path / "partial.npz", input=np.zeros((2, CHUNK), np.float32))
+    for args, said in (
+        (["--dataset", str(tmp_path / "none.npz")], "none.npz: no such file"),
+        (
+            ["--dataset", str(tmp_path / "partial.npz")],
+            "has arrays ['input'], missing inputs ['state', 'sr']",
+        ),
+    ):
+        res = runner.invoke(app, ["init", str(model), "--out", str(tmp_path / "m.yaml"), *args])
+        text = " ".join(res.stderr.split())
+        assert res.exit_code == 2 and said in text and "Traceback" not in text, text
+    (tmp_path / "m.yaml").write_text("kind: CompiledModel\n")
+    res = runner.invoke(app, ["run", str(tmp_path / "m.yaml"), "--dataset", str(tmp_path / "partial.npz")])
+    assert res.exit_code == 2 and "apply to model files" in " ".join(res.stderr.split()), res.stderr
