@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -188,13 +189,34 @@ def run(
     if message:
         raise _fail(message, code)
     if written is not None:
-        err_console.print(
-            f"\nThe manifest this run used (save it with `kompile init {manifest}`):", highlight=False
-        )
+        again = _init_command(manifest, dim, precision, backend, dataset, name)
+        err_console.print(f"\nThe manifest this run used (save it with `{again}`):", highlight=False)
         err_console.print(written, markup=False, highlight=False, soft_wrap=True)
     if not json_out:
         err_console.print(f"done in {time.perf_counter() - started:.1f}s")
     raise typer.Exit(code)
+
+
+def _init_command(
+    model: Path,
+    dims: list[str] | None,
+    precisions: list[str] | None,
+    backend: str,
+    dataset: Path | None,
+    name: str | None,
+) -> str:
+    """The `kompile init` that writes the manifest a model-file run used: the same flags, so the
+    saved manifest is that one (without them it would lose the dims and the dataset)."""
+    args = ["kompile", "init", str(model)]
+    for flag, values in (("--dim", dims or []), ("--precision", precisions or [])):
+        args += [part for value in values for part in (flag, value)]
+    if backend != "auto":
+        args += ["--backend", backend]
+    if dataset is not None:
+        args += ["--dataset", str(dataset)]
+    if name is not None:
+        args += ["--name", name]
+    return shlex.join(args)
 
 
 def starter_is_model(path: Path) -> bool:

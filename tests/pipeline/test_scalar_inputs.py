@@ -171,6 +171,8 @@ def test_silero_vad_runs_from_its_file_and_a_dataset_alone(tmp_path: Path) -> No
 
     (t,) = json.loads(res.stdout)["targets"]
     assert t["phase"] == "Succeeded", t
+    # The init it offers keeps the flag, so the saved manifest is the one that ran.
+    assert f"save it with `kompile init {model} --dataset {data}`" in " ".join(res.stderr.split())
 
 
 def test_a_dataset_flag_that_cannot_serve_is_a_clear_error(tmp_path: Path) -> None:
