@@ -286,9 +286,8 @@ def init(
     path = out or (model.parent / f"{model.name}.yaml" if model.is_dir() else model.with_suffix(".yaml"))
     source = Path(os.path.relpath(model.resolve(), path.resolve().parent)).as_posix()
     found = _dataset_ref(dataset, path.parent)
-    _, text = _starter_manifest(
-        model, source, dim, precision, backend, name, found
-    )  # refuses a non-model first
+    # Refuses a non-model first.
+    _, text = _starter_manifest(model, source, dim, precision, backend, name, found)
     if path.exists() and not force:
         raise _fail(f"{path} exists: pass --force to overwrite it, or --out another file")
     try:
