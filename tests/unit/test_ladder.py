@@ -120,3 +120,48 @@ def test_openvino_keeps_the_same_matmuls(tmp_path) -> None:  # type: ignore[no-u
     kept = sensitive_matmuls(ov.convert_model(str(path)))
     # OpenVINO keeps the ONNX node names (the last MatMul is named for the model's output).
     assert kept == ["query", "probs_times_values", "attention_output", "ffn_out", "y"]
+
+
+def test_onnxruntime_keeps_a_detectors_decoding_after_its_last_layers_in_float() -> None:
+    """x -> Conv(boxes) -> Mul(stride) and x -> Conv(classes) -> Sigmoid, both into one Concat:
+    YOLOv8's head, whose boxes in pixels and probabilities in 0-1 one int8 scale cannot hold."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kompile.compile_jobs.backends.onnxruntime import sensitive_nodes
+
+    w = numpy_helper.from_array(np.ones((2, 3, 1, 1), dtype=np.float32), "w")
+    s = numpy_helper.from_array(np.array(8.0, dtype=np.float32), "s")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["box"], name="box_conv"),
+        helper.make_node("Mul", ["box", "s"], ["pixels"], name="stride"),
+        helper.make_node("Conv", ["x", "w"], ["cls"], name="class_conv"),
+        helper.make_node("Sigmoid", ["cls"], ["prob"], name="probability"),
+        helper.make_node("Concat", ["pixels", "prob"], ["y"], name="decoded", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
+        [w, s],
+    )
+    assert sensitive_nodes(graph) == ["box_conv", "class_conv", "stride", "probability", "decoded"]
+
+
+def test_the_float_tail_stops_at_a_norm() -> None:
+    """A transformer's outputs: the walk back stops at the LayerNorm (the residual stream behind it
+    is the norm rule's), so a pooled embedding keeps only its pooling in float."""
+    pytest.importorskip("onnxruntime")
+    from onnx import helper
+
+    from kompile.compile_jobs.backends.onnxruntime import sensitive_nodes
+
+    model = _block_graph()
+    graph = model.graph  # type: ignore[attr-defined]
+    del graph.node[-2:]  # the two MatMuls after norm2: the output is the pooled norm2
+    graph.node.append(helper.make_node("ReduceMean", ["n2"], ["y"], name="pool", keepdims=1))
+    kept = sensitive_nodes(graph)
+    # Without the stop the walk would go on through norm2, residual2, bias2, norm1 and residual1.
+    assert kept == ["query", "probs_times_values", "attention_output", "ffn_out", "pool"]

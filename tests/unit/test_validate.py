@@ -428,3 +428,58 @@ def test_a_row_the_artifact_moves_off_zero_still_fails() -> None:
     # int8 has no element limit: a row off zero by more than fp32's resolution is a direction.
     result = compare(ref, _empty_map(0.3), ["map"], default_thresholds("int8"), task="none")
     assert result.failures == ["output 'map': cosine 0.000000 < limit 0.990000"], result.failures
+
+
+def _detections(scores: float, seed: int = 0) -> Array:
+    """A YOLOv8-style output [1, 4 + 3 classes, 200 anchors]: box coordinates in pixels (up to 320)
+    beside class probabilities, one anchor scoring `scores`, the rest near zero."""
+    rng = np.random.default_rng(seed)
+    out = np.concatenate([rng.uniform(0, 320, (4, 200)), rng.uniform(0, 0.02, (3, 200))])
+    out[5, 17] = scores
+    return out[None].astype(np.float32)
+
+
+def test_class_probabilities_an_artifact_lost_beside_box_pixels_fail_int8() -> None:
+    """Found by running NudeNet's YOLOv8n (tests/pipeline/test_detector_int8.py): ONNX Runtime's int8
+    held every class probability at 0 (one scale shared with the boxes' pixels) and kept cosine 0.999,
+    int8's limit being 0.99; it had passed."""
+    ref = [[_detections(0.8, seed)] for seed in range(3)]
+    lost = [[np.concatenate([r[0][:, :4] + 0.5, np.zeros_like(r[0][:, 4:])], axis=1)] for r in ref]
+    res = compare(ref, lost, ["output0"], default_thresholds("int8"))
+    assert res.outputs[0].cosine > 0.999  # what had passed it
+    assert not res.passed
+    (line,) = res.failures
+    # Only class 1's probabilities move beyond fp32's resolution of the output (1e-3 x 320).
+    assert "lost part of it: along axis 1, slice 5 moves by up to 0.8" in line
+    assert res.outputs[0].lost_slices is not None and "at most 0" in res.outputs[0].lost_slices
+
+
+def test_an_int8_artifact_that_keeps_the_probabilities_roughly_passes() -> None:
+    ref = [[_detections(0.8, seed)] for seed in range(3)]
+    rng = np.random.default_rng(7)
+    noisy = []
+    for (out,) in ref:  # boxes off by a pixel or so, probabilities in steps of 0.02
+        boxes = out[:, :4] + rng.normal(0, 1.0, out[:, :4].shape).astype(np.float32)
+        noisy.append([np.concatenate([boxes, np.round(out[:, 4:] * 50) / 50], axis=1)])
+    res = compare(ref, noisy, ["output0"], default_thresholds("int8"))
+    assert res.passed, res.failures
+    assert res.outputs[0].lost_slices is None
+
+
+def test_parts_that_never_move_beyond_fp32_resolution_are_not_judged_lost() -> None:
+    """fp16 flushing a detector's background probabilities (1e-9) to zero loses nothing a user sees:
+    they move by less than fp32's resolution of the output (1e-3 x 320)."""
+    ref = [[_detections(1e-9)]]
+    ref[0][0][:, 4:] = 1e-9
+    flushed = [[np.concatenate([ref[0][0][:, :4], np.zeros_like(ref[0][0][:, 4:])], axis=1)]]
+    res = compare(ref, flushed, ["output0"], default_thresholds("fp16"))
+    assert res.passed, res.failures
+
+
+def test_a_feature_map_channel_the_artifact_flattened_fails_even_fp32() -> None:
+    ref = _rng_outputs((1, 8, 6, 6), samples=2)
+    flat = [[a.copy() for a in s] for s in ref]
+    for s in flat:
+        s[0][:, 3] = s[0][:, 3].mean()
+    res = compare(ref, flat, ["features"], default_thresholds("fp32"))
+    assert any("along axis 1, slice 3 moves" in f for f in res.failures), res.failures

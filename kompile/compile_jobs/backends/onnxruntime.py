@@ -46,7 +46,7 @@ from kompile.compile_jobs.backends.base import (
     options_of,
 )
 from kompile.compile_jobs.cores import available_cores
-from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
+from kompile.compile_jobs.sensitive_layers import GraphView, output_tail, sensitive_layers
 from kompile.compile_jobs.source_files import is_quantized_op, onnx_external_files
 from kompile.compile_jobs.user_code import first_line
 
@@ -352,8 +352,9 @@ _NORM_OPS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNor
 
 
 def sensitive_nodes(graph: onnx.GraphProto) -> list[str]:
-    """Names of the nodes `keepFloat: sensitive` leaves out of static int8: the rule of
-    kompile.compile_jobs.sensitive_layers over the ONNX graph."""
+    """Names of the nodes `keepFloat: sensitive` leaves out of static int8: the rules of
+    kompile.compile_jobs.sensitive_layers over the ONNX graph (the sensitive layers, then the
+    output's float tail)."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     producers = {o: n for n in graph.node for o in n.output}
     for node in graph.node:
@@ -365,7 +366,8 @@ def sensitive_nodes(graph: onnx.GraphProto) -> list[str]:
         consumers=lambda n: [c for o in n.output for c in consumers.get(o, [])],
         parents=lambda n: [producers[i] for i in n.input if i in producers],
     )
-    return [n.name for n in sensitive_layers(view, _WEIGHTED_OPS, _NORM_OPS, ("Softmax",))]
+    layers = sensitive_layers(view, _WEIGHTED_OPS, _NORM_OPS, ("Softmax",))
+    return [n.name for n in layers + output_tail(view, _WEIGHTED_OPS, _NORM_OPS)]
 
 
 def quantize_static(
@@ -680,7 +682,7 @@ class OnnxRuntimeBackend(Backend):
             out.append(
                 Remedy(
                     "keep-sensitive",
-                    "static int8 with the sensitive layers kept in float",
+                    "static int8 with the sensitive layers and the output's float tail kept in float",
                     {"keepFloat": "sensitive"},
                     "static",
                 )
