@@ -7,7 +7,9 @@ Thresholds depend on precision. A 1e-5 element bound fails every fp16 build, and
 grows with the values summed, so the element limit is per unit of each output's scale (max(1, its
 largest |value|)) and loosens with precision; int8 element errors follow each tensor's calibrated
 range, so int8 leans on task-level checks alone: cosine similarity of each sample's output and, for
-class scores, top-k agreement. NaN or Inf always fails.
+class scores, top-k agreement. NaN or Inf always fails, and so does a part of an output the artifact
+lost (a slice along axis 1 or the last axis that moves in the source and not in the artifact), which
+cosine over the whole output misses when that part's values are small beside the rest's.
 """
 
 from __future__ import annotations

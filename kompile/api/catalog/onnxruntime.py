@@ -53,7 +53,8 @@ class OnnxRuntimeOptions(BackendOptions):
     keep_float: Literal["none", "sensitive"] = Field(
         default="none",
         description="Static int8: sensitive keeps in float the first and last layers, the attention "
-        "output products and each layer that feeds a LayerNorm through its residual Add.",
+        "output products, each layer that feeds a LayerNorm through its residual Add, and the "
+        "output's float tail (the ops after the last layers, a detector's box and class decoding).",
     )
     intra_op_threads: Count = Field(
         default=0, description="Intra-op threads; 0: the run's threads, else every core."
