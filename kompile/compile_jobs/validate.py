@@ -359,8 +359,10 @@ def lost_slices(ref: Array, cand: Array, moves: float) -> list[str]:
     artifact, one line per axis that has any. Cosine over a whole row weighs each part by its size: a
     detector's [batch, 4 + classes, anchors] output kept cosine 0.999 under an int8 that held every
     class probability at 0 (its box coordinates, up to 320, share one quantization scale with them)."""
-    if ref.ndim < 3:
-        return []  # a slice of a [batch, features] row is one value: nothing moves within it
+    if ref.ndim < 3 or ref.size == 0:
+        # A slice of a [batch, features] row is one value: nothing moves within it. An empty one (a
+        # detector's [1, 0, 6]: nothing found) has nothing to lose.
+        return []
     out: list[str] = []
     for axis in sorted({1, ref.ndim - 1}):
         others = tuple(a for a in range(1, ref.ndim) if a != axis)

@@ -483,3 +483,10 @@ def test_a_feature_map_channel_the_artifact_flattened_fails_even_fp32() -> None:
         s[0][:, 3] = s[0][:, 3].mean()
     res = compare(ref, flat, ["features"], default_thresholds("fp32"))
     assert any("along axis 1, slice 3 moves" in f for f in res.failures), res.failures
+
+
+def test_an_empty_output_has_no_slices_to_lose() -> None:
+    """A detector's [1, 0, 6] (nothing found): max - min of no values would raise."""
+    empty = [[np.zeros((1, 0, 6), dtype=np.float32)]]
+    res = compare(empty, [[np.zeros((1, 0, 6), dtype=np.float32)]], ["boxes"], default_thresholds("int8"))
+    assert res.passed, res.failures
