@@ -326,9 +326,9 @@ def _measure(
     zero = _resolution(thresholds, scale)
     cosines: list[float] = []
     agree: list[bool] = []
-    lost: list[str] = []
+    lost: str | None = None
     for (ref, cand), size in zip(pairs, sizes, strict=True):
-        lost.extend(lost_slices(ref, cand, FP32_SCALED_ERROR * scale))
+        lost = lost or lost_slices(ref, cand, FP32_SCALED_ERROR * scale)
         diff = np.abs(cand - ref)
         max_abs = max(max_abs, float(diff.max(initial=0.0)))
         eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(size.mean())) if ref.size else REL_EPS_FLOOR
@@ -344,7 +344,7 @@ def _measure(
         cosine=min(cosines) if cosines else 1.0,
         top_k_agreement=float(np.mean(agree)) if agree else None,
         top_k=effective_top_k(thresholds.top_k, pairs[0][1]) if agree else None,
-        lost_slices=lost[0] if lost else None,
+        lost_slices=lost,
         finite=True,
     )
 
@@ -353,17 +353,17 @@ LOST_SHARE = 0.1
 """A slice is lost when the artifact's values move by under this share of the source's."""
 
 
-def lost_slices(ref: Array, cand: Array, moves: float) -> list[str]:
-    """The slices along axis 1 and the last axis of one sample's output (axis 0 is the batch) whose
-    values move (max - min) by more than `moves` in the source and by under LOST_SHARE of that in the
-    artifact, one line per axis that has any. Cosine over a whole row weighs each part by its size: a
-    detector's [batch, 4 + classes, anchors] output kept cosine 0.999 under an int8 that held every
-    class probability at 0 (its box coordinates, up to 320, share one quantization scale with them)."""
+def lost_slices(ref: Array, cand: Array, moves: float) -> str | None:
+    """The slices along axis 1 (else the last axis) of one sample's output (axis 0 is the batch)
+    whose values move (max - min) by more than `moves` in the source and by under LOST_SHARE of that
+    in the artifact, as a line for the message; None where there are none. Cosine over a whole row
+    weighs each part by its size: a detector's [batch, 4 + classes, anchors] output kept cosine 0.999
+    under an int8 that held every class probability at 0 (its box coordinates, up to 320, share one
+    quantization scale with them)."""
     if ref.ndim < 3 or ref.size == 0:
         # A slice of a [batch, features] row is one value: nothing moves within it. An empty one (a
         # detector's [1, 0, 6]: nothing found) has nothing to lose.
-        return []
-    out: list[str] = []
+        return None
     for axis in sorted({1, ref.ndim - 1}):
         others = tuple(a for a in range(1, ref.ndim) if a != axis)
         ref_moves, cand_moves = np.ptp(ref, axis=others), np.ptp(cand, axis=others)
@@ -371,11 +371,11 @@ def lost_slices(ref: Array, cand: Array, moves: float) -> list[str]:
         if gone.any():
             at = sorted({int(i) for i in np.nonzero(gone)[1]})
             which = f"slice {at[0]} moves" if len(at) == 1 else f"slices {_spans(at)} move"
-            out.append(
+            return (
                 f"along axis {axis}, {which} by up to {float(ref_moves[gone].max()):.3g} in the source "
                 f"and by at most {float(cand_moves[gone].max()):.3g} in the artifact"
             )
-    return out
+    return None
 
 
 def _rows(a: Array) -> Array:
