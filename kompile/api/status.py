@@ -103,7 +103,8 @@ class OutputCheck(ApiModel):
         default=None,
         description="Slices of the output (along axis 1 or its last axis, in a sample) whose values "
         "move in the source by more than fp32's resolution of the output (1e-3 per unit of scale) and "
-        "by under a tenth of that in the artifact: a part of the output the artifact lost, which "
+        "by under a tenth of that in the artifact, or that the artifact holds at two values wrong "
+        "somewhere by a quarter of that: a part of the output the artifact lost, which "
         "cosine over the whole output cannot see when that part's values are much smaller than the "
         "rest's (a detector's class probabilities beside box coordinates in pixels). Fails the output.",
     )

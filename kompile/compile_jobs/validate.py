@@ -351,15 +351,21 @@ def _measure(
 
 LOST_SHARE = 0.1
 """A slice is lost when the artifact's values move by under this share of the source's."""
+COARSE_SHARE = 0.25
+"""Or when it holds them at two values, wrong somewhere by this share of the source's movement
+(NudeNet's int8 probabilities at 0 and 1.24: wrong by 0.53-1.3 of it; 1e-5 of it where fp16 rounds a
+saturated sigmoid map to 0 and 1)."""
 
 
 def lost_slices(ref: Array, cand: Array, moves: float) -> str | None:
-    """The slices along axis 1 (else the last axis) of one sample's output (axis 0 is the batch)
-    whose values move (max - min) by more than `moves` in the source and by under LOST_SHARE of that
-    in the artifact, as a line for the message; None where there are none. Cosine over a whole row
-    weighs each part by its size: a detector's [batch, 4 + classes, anchors] output kept cosine 0.999
-    under an int8 that held every class probability at 0 (its box coordinates, up to 320, share one
-    quantization scale with them)."""
+    """The first slice along axis 1 (else the last axis) of one sample's output (axis 0 is the
+    batch) that the artifact lost, as a line for the message; None where there is none. A slice the
+    source moves (max - min) by more than `moves` is lost where the artifact moves it by under
+    LOST_SHARE of that, or holds it at two values wrong by COARSE_SHARE of that somewhere (an int8
+    step as wide as the slice: it can say only on or off). Cosine over a whole row weighs each part
+    by its size: a detector's [batch, 4 + classes, anchors] output kept cosine 0.999 under an int8
+    that held its class probabilities at 0, or at 0 and 1.24, its step (one scale shared with box
+    coordinates up to 316 px; which of the two depends on the CPU's int8 arithmetic)."""
     if ref.ndim < 3 or ref.size == 0:
         # A slice of a [batch, features] row is one value: nothing moves within it. An empty one (a
         # detector's [1, 0, 6]: nothing found) has nothing to lose.
@@ -367,15 +373,38 @@ def lost_slices(ref: Array, cand: Array, moves: float) -> str | None:
     for axis in sorted({1, ref.ndim - 1}):
         others = tuple(a for a in range(1, ref.ndim) if a != axis)
         ref_moves, cand_moves = np.ptp(ref, axis=others), np.ptp(cand, axis=others)
-        gone = (ref_moves > moves) & (cand_moves < LOST_SHARE * ref_moves)
-        if gone.any():
-            at = sorted({int(i) for i in np.nonzero(gone)[1]})
-            which = f"slice {at[0]} moves" if len(at) == 1 else f"slices {_spans(at)} move"
-            return (
-                f"along axis {axis}, {which} by up to {float(ref_moves[gone].max()):.3g} in the source "
-                f"and by at most {float(cand_moves[gone].max()):.3g} in the artifact"
-            )
+        judged = ref_moves > moves
+        flat = judged & (cand_moves < LOST_SHARE * ref_moves)
+        if flat.any():
+            most = float(cand_moves[flat].max())
+            return f"{_which(flat, axis, ref_moves)} and by at most {most:.3g} in the artifact"
+        error = np.abs(cand - ref).max(axis=others)
+        coarse = (
+            judged
+            & _two_values(cand, others)
+            & ~_two_values(ref, others)
+            & (error >= COARSE_SHARE * ref_moves)
+        )
+        if coarse.any():
+            first = tuple(int(i[0]) for i in np.nonzero(coarse))
+            at = np.moveaxis(cand, axis, 1)[first[0], first[1]]
+            low, high = float(at.min()), float(at.max())
+            values = f"takes only 2 values in the artifact ({low:.3g} and {high:.3g})"
+            return f"{_which(coarse, axis, ref_moves)} and {values}"
     return None
+
+
+def _which(gone: Array, axis: int, ref_moves: Array) -> str:
+    """'along axis 1, slice 5 moves by up to 0.8 in the source' for the slices marked gone."""
+    at = sorted({int(i) for i in np.nonzero(gone)[1]})
+    which = f"slice {at[0]} moves" if len(at) == 1 else f"slices {_spans(at)} move"
+    return f"along axis {axis}, {which} by up to {float(ref_moves[gone].max()):.3g} in the source"
+
+
+def _two_values(a: Array, others: tuple[int, ...]) -> Array:
+    """Per sample and slice: whether every value is the slice's min or its max."""
+    low, high = a.min(axis=others, keepdims=True), a.max(axis=others, keepdims=True)
+    return np.asarray(((a == low) | (a == high)).all(axis=others))
 
 
 def _rows(a: Array) -> Array:

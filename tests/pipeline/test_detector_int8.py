@@ -2,8 +2,8 @@
 
 Its one output concatenates box coordinates in pixels (up to ~570) with class probabilities (0-1).
 ONNX Runtime's static int8 gave that concatenation one scale and the probabilities came out 0 or
-nearly: 0-2 of the source's 10 detections left, yet cosine over the output stayed 0.999 (int8's
-limit is 0.99) and the gate had passed it. The gate now sees the lost part, and the keep-sensitive
+its step, 1.24: 0-2 of the source's 10 detections left here, yet cosine over the output stayed 0.999
+(int8's limit is 0.99) and the gate had passed it. The gate now sees the lost part, and the keep-sensitive
 remedy keeps the output's float tail (the decoding after the last convolutions) out of int8."""
 
 from __future__ import annotations
@@ -42,14 +42,17 @@ def overlap(a: Array, b: Array) -> float:
     return float(w * h / union) if union > 0 else 0.0
 
 
+def outputs(model: Path, photos: Array) -> Array:
+    """The model's output on each photo, [photos, 4 + classes, anchors]."""
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(None, {"images": photo[None]})[0] for photo in photos])
+
+
 def found(model: Path, photos: Array) -> tuple[int, int]:
     """Of the source's detections on the photos, (how many, how many the model finds too)."""
-    source = ort.InferenceSession(str(nudenet_detector()), providers=["CPUExecutionProvider"])
-    other = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     total = matched = 0
-    for photo in photos:
-        ref = detections(source.run(None, {"images": photo[None]})[0][0])
-        got = detections(other.run(None, {"images": photo[None]})[0][0])
+    for source, artifact in zip(outputs(nudenet_detector(), photos), outputs(model, photos), strict=True):
+        ref, got = detections(source), detections(artifact)
         total += len(ref)
         matched += sum(any(c == k and overlap(b, g) > 0.5 for k, g in got) for c, b in ref)
     return total, matched
@@ -93,7 +96,7 @@ def test_int8_that_lost_the_class_probabilities_is_refused_and_the_float_tail_ke
     (t,) = res.status["targets"]
     cands = {c["name"]: c for c in t["candidates"]}
     plain, tail = cands["onnxruntime-int8"], cands["float-tail"]
-    # Measured here: cosine 0.9990 with every probability at 0.
+    # Measured here: cosine 0.9995, the probabilities held at 0 (or at 0 and 1.24: "2 values").
     assert plain["reason"] == "ValidationFailed" and plain["minCosine"] >= 0.99
     assert "lost part of it: along axis 1" in plain["message"], plain["message"]
     assert tail["phase"] == "Succeeded" and tail["selected"], tail.get("message")
@@ -110,5 +113,8 @@ def test_int8_that_lost_the_class_probabilities_is_refused_and_the_float_tail_ke
     # (OpenVINO's int8: 9 of 10). The gate compares outputs, not detections: a lost box or two
     # passes it where cosine holds.
     assert kept >= 0.7 * total, (kept, total)
-    # The refused artifact: 2 of 10 here (0 of 10 calibrated with scikit-learn's photos too).
-    assert found(artifact(plain), photos)[1] <= 0.3 * total
+    # The refused artifact's probabilities share one int8 step with the boxes' pixels (1.24 here):
+    # each is 0 or that step, on any CPU. Which of the two, and so how many objects it still finds,
+    # depends on the CPU's int8 arithmetic: 2 of 10 here; CI's CPU once rounded a peak up in every
+    # class that scored, and the gate, checking for flat slices only, had passed it.
+    assert len(np.unique(outputs(artifact(plain), photos)[:, 4:])) <= 2

@@ -454,6 +454,34 @@ def test_class_probabilities_an_artifact_lost_beside_box_pixels_fail_int8() -> N
     assert res.outputs[0].lost_slices is not None and "at most 0" in res.outputs[0].lost_slices
 
 
+def test_class_probabilities_an_artifact_holds_at_two_levels_fail_int8() -> None:
+    """Found by CI on another CPU: the same ONNX Runtime int8 of NudeNet's detector, its concatenated
+    output in steps of 1.24 (boxes up to 316 px), kept a probability above 0.62 at one anchor of each
+    class that scored, so every slice still moved (by 1.24) and the gate passed it. A slice the source
+    grades from 0 to 0.8 that the artifact can only say 0 or 1.24 of is lost as well."""
+    step = np.float32(1.2421061)
+    ref = [[_detections(0.8, seed)] for seed in range(3)]
+    coarse = [[np.concatenate([r[0][:, :4], np.round(r[0][:, 4:] / step) * step], axis=1)] for r in ref]
+    res = compare(ref, coarse, ["output0"], default_thresholds("int8"))
+    assert res.outputs[0].cosine > 0.999
+    assert not res.passed
+    (line,) = res.failures
+    assert "lost part of it: along axis 1, slice 5 moves by up to 0.8 in the source" in line, line
+    assert "takes only 2 values in the artifact (0 and 1.24)" in line, line
+
+
+def test_a_saturated_map_an_artifact_rounds_to_two_levels_passes() -> None:
+    """fp16 rounds a sigmoid map's 1e-9 and 0.99999 to 0 and 1: two values, as the source's nearly
+    are, and off by 1e-5 at most. Two levels are lost only where they are wrong by a share of the
+    slice's movement."""
+    rng = np.random.default_rng(3)
+    ref = [[np.where(rng.random((1, 2, 16, 16)) > 0.5, 1 - 1e-5, 1e-9).astype(np.float32)]]
+    ref[0][0] *= 1 + rng.uniform(0, 1e-6, ref[0][0].shape).astype(np.float32)
+    rounded = [[np.round(ref[0][0]).astype(np.float32)]]
+    res = compare(ref, rounded, ["mask"], default_thresholds("fp16"), task="none")
+    assert res.passed, res.failures
+
+
 def test_an_int8_artifact_that_keeps_the_probabilities_roughly_passes() -> None:
     ref = [[_detections(0.8, seed)] for seed in range(3)]
     rng = np.random.default_rng(7)
