@@ -122,14 +122,11 @@ def test_openvino_keeps_the_same_matmuls(tmp_path) -> None:  # type: ignore[no-u
     assert kept == ["query", "probs_times_values", "attention_output", "ffn_out", "y"]
 
 
-def test_onnxruntime_keeps_a_detectors_decoding_after_its_last_layers_in_float() -> None:
+def _yolo_head() -> object:
     """x -> Conv(boxes) -> Mul(stride) and x -> Conv(classes) -> Sigmoid, both into one Concat:
     YOLOv8's head, whose boxes in pixels and probabilities in 0-1 one int8 scale cannot hold."""
-    pytest.importorskip("onnxruntime")
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
-
-    from kompile.compile_jobs.backends.onnxruntime import sensitive_nodes
 
     w = numpy_helper.from_array(np.ones((2, 3, 1, 1), dtype=np.float32), "w")
     s = numpy_helper.from_array(np.array(8.0, dtype=np.float32), "s")
@@ -140,14 +137,52 @@ def test_onnxruntime_keeps_a_detectors_decoding_after_its_last_layers_in_float()
         helper.make_node("Sigmoid", ["cls"], ["prob"], name="probability"),
         helper.make_node("Concat", ["pixels", "prob"], ["y"], name="decoded", axis=1),
     ]
-    graph = helper.make_graph(
+    return helper.make_graph(
         nodes,
         "head",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
         [w, s],
     )
-    assert sensitive_nodes(graph) == ["box_conv", "class_conv", "stride", "probability", "decoded"]
+
+
+def test_onnxruntime_keeps_a_detectors_decoding_after_its_last_layers_in_float() -> None:
+    pytest.importorskip("onnxruntime")
+    from kompile.compile_jobs.backends.onnxruntime import sensitive_nodes, tail_nodes
+
+    graph = _yolo_head()
+    assert sensitive_nodes(graph) == ["box_conv", "class_conv", "stride", "probability", "decoded"]  # type: ignore[arg-type]
+    # keepFloat: tail keeps the decoding alone; the convolutions stay int8.
+    assert tail_nodes(graph) == ["stride", "probability", "decoded"]  # type: ignore[arg-type]
+
+
+def test_onnxruntime_offers_the_float_tail_first_where_it_joins_parts() -> None:
+    """A failed plain static int8 of a detector tries its float tail alone, then the sensitive
+    layers too (slower: the first and last convolutions in float); a graph whose tail joins
+    nothing (a lone Softmax after the last layer) goes straight to keep-sensitive."""
+    pytest.importorskip("onnxruntime")
+    from pathlib import Path
+
+    from onnx import helper
+
+    from kompile.compile_jobs.backends.base import CompiledArtifact
+    from kompile.compile_jobs.backends.onnxruntime import BACKEND, _joined_tail
+
+    assert _joined_tail(_yolo_head()) == 3  # type: ignore[arg-type]
+    graph = _block_graph().graph  # type: ignore[attr-defined]
+    graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax"))
+    graph.output[0].name = "p"
+    assert _joined_tail(graph) == 0
+
+    def remedies(**options: str) -> list[str]:
+        artifact = CompiledArtifact(backend="onnxruntime", model_path=Path("model.onnx"), options=options)
+        return [r.name for r in BACKEND.remedies(artifact)]
+
+    assert remedies(quantization="static", outputTailNodes="3") == ["keep-tail", "keep-sensitive"]
+    assert remedies(quantization="static") == ["keep-sensitive"]
+    assert remedies(quantization="static", keepFloat="tail", floatNodes="3") == ["keep-sensitive"]
+    assert remedies(quantization="static", keepFloat="sensitive", floatNodes="5") == []
+    assert remedies(quantization="dynamic", perChannel="false") == ["per-channel", "static", "keep-sensitive"]
 
 
 def test_the_float_tail_stops_at_a_norm() -> None:

@@ -50,11 +50,12 @@ class OnnxRuntimeOptions(BackendOptions):
     calibration_method: Literal["minmax", "entropy", "percentile"] = Field(
         default="minmax", description="How static quantization calibrates activation ranges."
     )
-    keep_float: Literal["none", "sensitive"] = Field(
+    keep_float: Literal["none", "tail", "sensitive"] = Field(
         default="none",
-        description="Static int8: sensitive keeps in float the first and last layers, the attention "
-        "output products, each layer that feeds a LayerNorm through its residual Add, and the "
-        "output's float tail (the ops after the last layers, a detector's box and class decoding).",
+        description="Static int8: tail keeps in float the output's float tail (the ops after the "
+        "last layers, a detector's box and class decoding); sensitive keeps it and the first and "
+        "last layers, the attention output products and each layer that feeds a LayerNorm through "
+        "its residual Add.",
     )
     intra_op_threads: Count = Field(
         default=0, description="Intra-op threads; 0: the run's threads, else every core."
