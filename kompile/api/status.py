@@ -104,7 +104,8 @@ class OutputCheck(ApiModel):
         description="Slices of the output (along axis 1 or its last axis, in a sample) whose values "
         "move in the source by more than fp32's resolution of the output (1e-3 per unit of scale) and "
         "by under a tenth of that in the artifact, or that the artifact holds at two values wrong "
-        "somewhere by a quarter of that: a part of the output the artifact lost, which "
+        "somewhere by a quarter of that (along a softmax's axis, only classes given a tenth of the "
+        "mass somewhere are judged): a part of the output the artifact lost, which "
         "cosine over the whole output cannot see when that part's values are much smaller than the "
         "rest's (a detector's class probabilities beside box coordinates in pixels). Fails the output.",
     )
