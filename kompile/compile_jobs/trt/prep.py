@@ -130,12 +130,16 @@ _ORT_QUANTIZATION_MODULES = (
     "onnxruntime.quantization.qdq_quantizer",
     "onnxruntime.quantization.onnx_quantizer",
 )
+# And the registries of the ops it quantizes, which ModelOpt edits in place (configure_ort deletes
+# Concat, Sigmoid, Softmax, Split and more): left so, ONNX Runtime's static int8 of a detector kept
+# its decoding in float after a TensorRT int8 candidate in the same process, and not alone.
+_ORT_QUANTIZATION_REGISTRIES = ("QDQRegistry", "QLinearOpsRegistry", "IntegerOpsRegistry")
 
 
 @contextlib.contextmanager
 def onnxruntime_quantization_kept() -> Iterator[None]:
     """Run a block, then restore every function and class attribute of ONNX Runtime's quantization
-    modules that the block replaced."""
+    modules that the block replaced, and the contents of its op registries."""
     modules = [importlib.import_module(name) for name in _ORT_QUANTIZATION_MODULES]
     owners: list[Any] = [*modules]
     for module in modules:
@@ -143,6 +147,9 @@ def onnxruntime_quantization_kept() -> Iterator[None]:
             c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
         ]
     saved = [(owner, dict(vars(owner))) for owner in owners]
+    registry = importlib.import_module("onnxruntime.quantization.registry")
+    tables: list[dict[str, Any]] = [getattr(registry, name) for name in _ORT_QUANTIZATION_REGISTRIES]
+    contents = [dict(table) for table in tables]
     try:
         yield
     finally:
@@ -150,6 +157,9 @@ def onnxruntime_quantization_kept() -> Iterator[None]:
             for key, value in before.items():
                 if vars(owner).get(key) is not value:
                     setattr(owner, key, value)
+        for table, content in zip(tables, contents, strict=True):
+            table.clear()
+            table.update(content)
 
 
 def _quantize(
