@@ -370,7 +370,7 @@ def lost_slices(ref: Array, cand: Array, moves: float) -> str | None:
     step as wide as the slice: it can say only on or off). Cosine over a whole row weighs each part
     by its size: a detector's [batch, 4 + classes, anchors] output kept cosine 0.999 under an int8
     that held its class probabilities at 0, or at 0 and 1.24, its step (one scale shared with box
-    coordinates up to 316 px; which of the two depends on the CPU's int8 arithmetic)."""
+    coordinates up to 316 px; at 0 and 1.24 where a class scored above 0.62)."""
     if ref.ndim < 3 or ref.size == 0:
         # A slice of a [batch, features] row is one value: nothing moves within it. An empty one (a
         # detector's [1, 0, 6]: nothing found) has nothing to lose.
