@@ -348,6 +348,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
 
 
 _WEIGHTED_OPS = ("MatMul", "Gemm", "Conv")
+_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization")
 
 
 def _joined_tail(graph: onnx.GraphProto) -> int:
@@ -357,9 +358,6 @@ def _joined_tail(graph: onnx.GraphProto) -> int:
     tail = set(tail_nodes(graph))
     joined = any(n.op_type == "Concat" and n.name in tail for n in graph.node)
     return len(tail) if joined else 0
-
-
-_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization")
 
 
 def sensitive_nodes(graph: onnx.GraphProto) -> list[str]:
@@ -373,8 +371,8 @@ def sensitive_nodes(graph: onnx.GraphProto) -> list[str]:
 
 def tail_nodes(graph: onnx.GraphProto) -> list[str]:
     """Names of the nodes `keepFloat: tail` leaves out of static int8: the output's float tail
-    alone, the last and first layers quantized (NudeNet's YOLOv8n: 10 of 10 objects, p50 6.9 ms
-    against 6.4 for plain int8 in a scratch timing; its keep-sensitive build 11.6 ms in a run)."""
+    alone, the last and first layers quantized (NudeNet's YOLOv8n: 8 of the source's 10 objects, as
+    keep-sensitive; p50 7.59 ms against its 8.87, benchmarks/detector_int8.py)."""
     return [n.name for n in output_tail(_view(graph), _WEIGHTED_OPS, _NORM_OPS)]
 
 
