@@ -489,6 +489,9 @@ def compile_step(
             sized_inputs=ctx.dims.inputs if ctx.dims else (),
         )
         artifact = backend.compile(request)
+        if int(artifact.options.get("calibrationSamples", "0")):
+            # Said beside the count: the gate judged these samples as inputs calibration never saw.
+            artifact.options["heldOutSamples"] = str(len(request.held_out_samples))
         runner = backend.load(artifact, ctx.threads, device) if backend.entry.validates else None
     except (BackendError, OptionsError) as err:
         # A backend's own environment names its failures (EnvironmentMissing, EnvironmentFailed).

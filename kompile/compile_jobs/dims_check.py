@@ -35,6 +35,7 @@ import numpy as np
 from kompile.api.spec import DynamicDim, InputSpec, batch_dim
 from kompile.api.status import Thresholds
 from kompile.api.vocabulary import TaskKind
+from kompile.compile_jobs import calibration
 from kompile.compile_jobs.backends.base import BackendError, Runner
 from kompile.compile_jobs.export import ExportError
 from kompile.compile_jobs.inputs import Feed, InputMismatch, resize
@@ -142,6 +143,8 @@ class _Held:
     sizes: dict[str, int]
     reference: RunResults
     how: str
+    samples: list[int]
+    """The reference sample each input was made from."""
 
 
 @dataclass
@@ -182,7 +185,7 @@ class DimsCheck:
         least = least_sizes(self.signature, feeds[0])
         if least:
             at = self._at_bound(least, [resize(feeds[0], self.signature, least)], "down to")
-            self._keep(least, at, "cut to that size")
+            self._keep(least, at, "cut to that size", [0])
         shorter = shorter_sizes(self.signature, feeds[0])
         if shorter:
             try:
@@ -190,12 +193,12 @@ class DimsCheck:
             except (InputMismatch, ExportError) as err:  # the source's own range is narrower than declared
                 self.unchecked.append(f"{describe(shorter)}: {_what_failed(err)}")
             else:
-                self._keep(shorter, at, "cut to that size")
+                self._keep(shorter, at, "cut to that size", list(range(len(feeds))))
         longer = longer_sizes(self.signature, feeds[0])
         if not longer:
             return
         at = self._at_bound(longer, [resize(feeds[0], self.signature, longer)], "up to")
-        self._keep(longer, at, "repeated to that size")
+        self._keep(longer, at, "repeated to that size", [0])
         declared = self._declared(longer, "up to")
         self.unchecked += [past_growth(n, longer[n], top) for n, top in declared.items() if longer[n] < top]
 
@@ -212,7 +215,7 @@ class DimsCheck:
         dims = _held(self.signature, self.reference.inputs[0])
         return {n: dims[n][1].min if bound == "down to" else dims[n][1].max for n in sizes}
 
-    def _keep(self, sizes: dict[str, int], at: RunResults, how: str) -> None:
+    def _keep(self, sizes: dict[str, int], at: RunResults, how: str, samples: list[int]) -> None:
         if at.nonfinite():  # no artifact can match NaN (a masked mean over a row the cut left empty)
             self.unchecked.append(
                 f"{describe(sizes)}: the source model's outputs there are NaN or Inf "
@@ -220,12 +223,19 @@ class DimsCheck:
             )
         else:
             assert self._held is not None
-            self._held.append(_Held(sizes, at, how))
+            self._held.append(_Held(sizes, at, how, samples))
 
     @property
     def inputs(self) -> list[Feed]:
-        """The inputs at every size held, once prepared: static int8 calibrates on them too."""
-        return [f for h in self._held or [] for f in h.reference.inputs]
+        """The inputs at every size held made from the calibration samples, once prepared: static
+        int8 calibrates on them too (a held-out sample stays unseen at every size)."""
+        calibrating = set(calibration.calibrating(len(self.reference.inputs)))
+        return [
+            f
+            for h in self._held or []
+            for f, i in zip(h.reference.inputs, h.samples, strict=True)
+            if i in calibrating
+        ]
 
     @property
     def checked(self) -> list[str]:

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from kompile.api.spec import Precision, Target  # noqa: E402
 from kompile.compile_jobs.backends.base import BackendError, Feeds  # noqa: E402
 from kompile.compile_jobs.build import skip_reason  # noqa: E402
+from kompile.compile_jobs.calibration import calibrating  # noqa: E402
 from tests.pipeline.conftest import IMAGE, build_and_compare, cnn_feeds, run_static_target  # noqa: E402
 
 # tests.pipeline.conftest puts examples/ on sys.path: `models.*` imports as in manifests.
@@ -64,7 +65,7 @@ def test_int8_is_calibrated_per_channel_validates_and_is_smaller(feeds: list[Fee
     assert verdict.passed, verdict.failures
     o = int8.options
     assert o["quantization"] == "pt2e-xnnpack-static" and o["perChannel"] == "true"
-    assert o["calibrationSamples"] == str(len(feeds))
+    assert o["calibrationSamples"] == str(len(calibrating(len(feeds))))  # every fourth held out
     # int8 weights: well under the fp32 program (the CNN is small, so headers weigh in).
     assert int8.model_path.stat().st_size < 0.6 * fp32.model_path.stat().st_size
 
@@ -116,6 +117,6 @@ def test_a_transformer_int8_quantizes_only_float_tensors(tmp_path: Path) -> None
     target = Target(name="edge-int8", backend="executorch", precision="int8", quantization="static")
     artifact, _, verdict = build_and_compare(target, model, signature, feeds, tmp_path / "pte")
     assert artifact.options["exportedStatic"] == "input_ids=[2, 16];attention_mask=[2, 16]"
-    assert artifact.options["calibrationSamples"] == str(len(feeds))
+    assert artifact.options["calibrationSamples"] == str(len(calibrating(len(feeds))))
     # Random weights: the figure that matters is that the program runs and tracks eager closely.
     assert min(o.cosine for o in verdict.outputs) > 0.95, verdict.failures

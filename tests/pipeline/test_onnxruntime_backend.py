@@ -155,7 +155,7 @@ def test_small_cnn(
     assert options["modelType"] == "none" and "fusedOps" not in options
     assert options.get("quantization") == expected
     if expected == "static":
-        assert options["perChannel"] == "true" and options["calibrationSamples"] == "4"
+        assert options["perChannel"] == "true" and options["calibrationSamples"] == "3"
 
 
 @pytest.mark.parametrize(("precision", "quantization"), [("fp32", None), ("int8", "dynamic"), ("int8", None)])

@@ -82,7 +82,7 @@ def test_int8_is_calibrated_by_nncf_and_validates(cnn: tuple[Path, list[Feeds]],
     opts = artifact.options
     assert opts["quantization"] == "nncf-ptq" and int(opts["fakeQuantizeNodes"]) > 0
     assert (
-        opts["modelType"] == "none" and opts["preset"] == "performance" and opts["calibrationSamples"] == "8"
+        opts["modelType"] == "none" and opts["preset"] == "performance" and opts["calibrationSamples"] == "6"
     )
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from kompile.api.catalog import CATALOG, BackendEntry, BackendOptions, Serving
+from kompile.compile_jobs.calibration import calibration_part, held_out
 from kompile.compile_jobs.quiet import output_held
 
 if TYPE_CHECKING:
@@ -87,20 +88,32 @@ class CompileRequest:
     or the Job's log. None: nowhere."""
 
     sized_inputs: Sequence[Feeds] = ()
-    """The reference inputs at the other sizes of the dynamic dims the artifact is validated at
-    (kompile.compile_jobs.dims_check: each dim's min, half its opt, its max)."""
+    """The calibration samples' inputs at the other sizes of the dynamic dims the artifact is
+    validated at (kompile.compile_jobs.dims_check: each dim's min, half its opt, its max)."""
 
     @property
     def calibration(self) -> list[Feeds]:
-        """Reference inputs, one feed dict per sample."""
-        return self.reference.inputs
+        """The reference inputs static int8 calibrates on, one feed dict per sample: all but those
+        held out for the gate to judge as unseen (kompile.compile_jobs.calibration)."""
+        return calibration_part(self.reference.inputs)
+
+    @property
+    def calibration_outputs(self) -> list[list[np.ndarray[Any, Any]]]:
+        """The source model's outputs on `calibration`, sample for sample."""
+        return calibration_part(self.reference.outputs)
+
+    @property
+    def held_out_samples(self) -> list[int]:
+        """Indices of the reference samples no calibration sees."""
+        return held_out(len(self.reference.inputs))
 
     @property
     def calibration_at_sizes(self) -> list[Feeds]:
-        """The reference inputs and those at the other sizes validated: a range calibrated at opt
+        """The calibration inputs and those at the other sizes validated: a range calibrated at opt
         alone clips what grows with the size (NudeNet's YOLOv8 box coordinates at 512 against 224:
-        ONNX Runtime int8 at cosine 0.958 there, 0.9999 calibrated at the sizes too)."""
-        return [*self.reference.inputs, *self.sized_inputs]
+        ONNX Runtime int8 at cosine 0.958 there, 0.9999 calibrated at the sizes too).
+        `sized_inputs` leaves out the held-out samples' too (DimsCheck.inputs)."""
+        return [*self.calibration, *self.sized_inputs]
 
     def onnx(self) -> Path:
         """The exported graph, for backends that compile from ONNX."""
