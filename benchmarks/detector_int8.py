@@ -81,7 +81,7 @@ def candidate_figures(c: Any, source: Array, model: Path | None, photos: Array) 
         (lat,) = c.latency
         out.update(p50_ms=round(lat.p50_ms, 3), spread=lat.spread, speedup_over_eager=c.speedup)
     if model is not None:
-        total, kept, extra = matched(source, outputs(model, photos))
+        total, kept, extra = matched(source, outputs(model, photos, c.options))
         out.update(detections_kept=f"{kept} of {total}", extra_detections=extra)
     return out
 

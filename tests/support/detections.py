@@ -72,13 +72,17 @@ def matched(source: Array, artifact: Array) -> tuple[int, int, int]:
     return total, kept, extra
 
 
-def outputs(model: Path, photos: Array) -> Array:
+def outputs(model: Path, photos: Array, options: dict[str, str] | None = None) -> Array:
     """A detector's output on each photo, [photos, 4 + classes, anchors]: an ONNX file by ONNX
-    Runtime, an OpenVINO IR (.xml) by OpenVINO."""
+    Runtime, an OpenVINO IR (.xml) by OpenVINO with the runtime properties the artifact's
+    `options` record (`runtime.INFERENCE_PRECISION_HINT`: without it, OpenVINO runs bf16 on a CPU
+    with AVX-512 BF16, not what was validated)."""
     if model.suffix == ".xml":
         import openvino as ov
 
-        compiled = ov.Core().compile_model(str(model), "CPU")
+        recorded = (options or {}).items()
+        runtime = {k.removeprefix("runtime."): v for k, v in recorded if k.startswith("runtime.")}
+        compiled = ov.Core().compile_model(str(model), "CPU", runtime)
         return np.concatenate([np.asarray(compiled(p[None])[0]) for p in photos])
     import onnxruntime as ort
 
