@@ -268,7 +268,9 @@ class Validation(ApiModel):
         max_length=2048,
         description=(
             "Reference inputs: an .npz file keyed by input name (path, file:// or s3://), the samples "
-            "along each input's batch axis (axis 1 of an RNN state [layers, batch, hidden])."
+            "along each input's batch axis (axis 1 of an RNN state [layers, batch, hidden]). Static "
+            "int8 calibrates on all but every fourth sample (the last of two or three), which the "
+            "gate judges as input calibration never saw."
         ),
     )
     samples: int = Field(
