@@ -87,6 +87,11 @@ class OutputCheck(ApiModel):
         "of it (unset for integer and boolean outputs).",
     )
     cosine: float = Field(description="Smallest per-sample cosine similarity seen.")
+    worst_sample: int | None = Field(
+        default=None,
+        description="Index of the reference sample the smallest cosine was seen in (a failure names "
+        "it, and says where static int8 held it out of calibration).",
+    )
     top_k_agreement: float | None = Field(
         default=None, description="Share of samples whose top-k classes match (classifier outputs)."
     )

@@ -21,7 +21,7 @@ from kompile.api.resource import CompiledModel
 from kompile.api.spec import InputSpec, Selection, Target, Validation, batch_max
 from kompile.api.status import CANDIDATES_MAX, Artifact, TargetStatus, Thresholds
 from kompile.api.vocabulary import NAME_MAX
-from kompile.compile_jobs import export, sources, timing, triton, validate
+from kompile.compile_jobs import calibration, export, sources, timing, triton, validate
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
@@ -402,7 +402,7 @@ def build_target(
     outputs = run_step(ctx, runner, target, ts)
     if outputs is None:
         return None
-    compare_step(ctx, target, ts, outputs)
+    compare_step(ctx, target, ts, outputs, "heldOutSamples" in artifact.options)
     static = artifact.options.get("exportedStatic")
     if static and ts.phase == "Succeeded":  # status says a dynamic signature was fixed
         ts.message = f"exported at static shapes {static} (the signature's opt): it runs only at these"
@@ -605,13 +605,16 @@ def run_step(ctx: BuildContext, runner: Runner, target: Target, ts: TargetStatus
     return ctx.reference.with_outputs(f"{target.backend}-{target.precision}", outputs)
 
 
-def compare_step(ctx: BuildContext, target: Target, ts: TargetStatus, outputs: RunResults) -> None:
-    """Hold the outputs to the saved reference with the target's thresholds: the verdict."""
+def compare_step(
+    ctx: BuildContext, target: Target, ts: TargetStatus, outputs: RunResults, calibrated: bool = False
+) -> None:
+    """Hold the outputs to the saved reference with the target's thresholds: the verdict.
+    `calibrated`: the artifact's calibration left out calibration.held_out's samples."""
     from kompile.compile_jobs import run_results
 
-    ts.validation = run_results.compare(
-        ctx.reference, outputs, thresholds_of(ctx.cm, target, ctx.loaded), ctx.cm.spec.validation.task
-    )
+    held = calibration.held_out(len(ctx.reference.inputs)) if calibrated else []
+    thresholds = thresholds_of(ctx.cm, target, ctx.loaded)
+    ts.validation = run_results.compare(ctx.reference, outputs, thresholds, ctx.cm.spec.validation.task, held)
     if ts.validation.passed:
         ts.phase, ts.reason, ts.message = "Succeeded", "Validated", None
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +121,14 @@ class RunResults:
 
 
 def compare(
-    reference: RunResults, candidate: RunResults, thresholds: Thresholds, task: TaskKind = "auto"
+    reference: RunResults,
+    candidate: RunResults,
+    thresholds: Thresholds,
+    task: TaskKind = "auto",
+    held_out: Collection[int] = (),
 ) -> ValidationResult:
-    """Hold `candidate` to `reference`; both must have run on the same inputs."""
+    """Hold `candidate` to `reference`; both must have run on the same inputs. `held_out`: the
+    samples the candidate's calibration never saw."""
     if reference.digest and candidate.digest and reference.digest != candidate.digest:
         raise RunResultsError(
             f"{reference.label} and {candidate.label} ran on different inputs "
@@ -135,5 +140,11 @@ def compare(
             f"{candidate.label} has {candidate.output_names}"
         )
     return validate.compare(
-        reference.outputs, candidate.outputs, reference.output_names, thresholds, task, reference.labels
+        reference.outputs,
+        candidate.outputs,
+        reference.output_names,
+        thresholds,
+        task,
+        reference.labels,
+        held_out,
     )

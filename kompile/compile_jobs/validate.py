@@ -14,7 +14,7 @@ cosine over the whole output misses when that part's values are small beside the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -100,12 +100,14 @@ def compare(
     thresholds: Thresholds,
     task: Task = "auto",
     labels: Array | None = None,
+    held_out: Collection[int] = (),
 ) -> ValidationResult:
     """Hold the candidate's outputs to the reference's, per output, over every sample.
 
     `reference[i][j]` is output j of sample i (each sample may itself be a batch: cosine and top-k
     are taken per row of the leading axis). With `labels` (one class per row, in sample order) the
-    task accuracy of both is computed and its drop gated too.
+    task accuracy of both is computed and its drop gated too. `held_out`: the samples static int8
+    left out of its calibration, said as such where a failure's worst sample is one of them.
     """
     failures: list[str] = []
     if len(reference) != len(candidate):
@@ -122,7 +124,7 @@ def compare(
         else:
             check = _measure(name, pairs, thresholds, _is_class_score(pairs[0][0], task))
         checks.append(check)
-        failures.extend(_missed(check, thresholds))
+        failures.extend(_missed(check, thresholds, held_out))
     accuracy = None
     if labels is not None:
         accuracy, problem = task_accuracy(reference, candidate, output_names, labels)
@@ -325,15 +327,19 @@ def _measure(
     scale = max([1.0, *(float(size.max(initial=0.0)) for size in sizes)])
     zero = _resolution(thresholds, scale)
     cosines: list[float] = []
+    worst: tuple[float, int] | None = None
     agree: list[bool] = []
     lost: str | None = None
-    for (ref, cand), size in zip(pairs, sizes, strict=True):
+    for i, ((ref, cand), size) in enumerate(zip(pairs, sizes, strict=True)):
         lost = lost or lost_slices(ref, cand, FP32_SCALED_ERROR * scale)
         diff = np.abs(cand - ref)
         max_abs = max(max_abs, float(diff.max(initial=0.0)))
         eps = max(REL_EPS_FLOOR, REL_EPS_SCALE * float(size.mean())) if ref.size else REL_EPS_FLOOR
         max_rel = max(max_rel, float((diff / (size + eps)).max(initial=0.0)))
-        cosines.extend(row_cosines(ref, cand, zero))
+        rows = row_cosines(ref, cand, zero)
+        cosines.extend(rows)
+        if rows and (worst is None or min(rows) < worst[0]):
+            worst = (min(rows), i)
         if classify:
             agree.extend(_top_k_agree(ref, cand, effective_top_k(thresholds.top_k, cand)))
     return OutputCheck(
@@ -342,6 +348,7 @@ def _measure(
         max_rel_error=max_rel,
         scale=scale,
         cosine=min(cosines) if cosines else 1.0,
+        worst_sample=worst[1] if worst else None,
         top_k_agreement=float(np.mean(agree)) if agree else None,
         top_k=effective_top_k(thresholds.top_k, pairs[0][1]) if agree else None,
         lost_slices=lost,
@@ -469,7 +476,15 @@ def _top_k_agree(ref: Array, cand: Array, k: int) -> list[bool]:
     return [bool(t in row) for t, row in zip(top1, topk, strict=True)]
 
 
-def _missed(check: OutputCheck, t: Thresholds) -> list[str]:
+def _at(check: OutputCheck, held_out: Collection[int]) -> str:
+    """Where the worst cosine was: ' at sample 7 (held out of calibration)'."""
+    if check.worst_sample is None:
+        return ""
+    unseen = " (held out of calibration)" if check.worst_sample in held_out else ""
+    return f" at sample {check.worst_sample}{unseen}"
+
+
+def _missed(check: OutputCheck, t: Thresholds, held_out: Collection[int] = ()) -> list[str]:
     """One line per missed threshold: measured vs limit."""
     name = check.name
     if not check.finite:
@@ -493,7 +508,9 @@ def _missed(check: OutputCheck, t: Thresholds) -> list[str]:
     if t.max_rel_error is not None and check.max_rel_error > t.max_rel_error:
         out.append(f"output {name!r}: max rel error {check.max_rel_error:.3g} > limit {t.max_rel_error:.3g}")
     if check.cosine < t.min_cosine:
-        out.append(f"output {name!r}: cosine {check.cosine:.6f} < limit {t.min_cosine:.6f}")
+        out.append(
+            f"output {name!r}: cosine {check.cosine:.6f} < limit {t.min_cosine:.6f}{_at(check, held_out)}"
+        )
     if check.lost_slices:
         out.append(
             f"output {name!r}: the artifact lost part of it: {check.lost_slices} (values much "

@@ -110,6 +110,20 @@ def test_cosine_is_the_worst_sample() -> None:
     assert any("cosine" in f for f in result.failures)
 
 
+def test_a_cosine_failure_names_its_worst_sample_and_whether_calibration_saw_it() -> None:
+    ref = [[np.array([[1.0, 0.0]])] for _ in range(4)]
+    # Sample 1 a little off, sample 3 45 degrees off.
+    cand = [[np.array([[1.0, off]])] for off in (0.0, 0.2, 0.0, 1.0)]
+    int8 = default_thresholds("int8")
+    result = compare(ref, cand, ["y"], int8, task="none", held_out=[3])
+    assert result.outputs[0].worst_sample == 3
+    assert result.failures == [
+        "output 'y': cosine 0.707107 < limit 0.990000 at sample 3 (held out of calibration)"
+    ], result.failures
+    seen = compare(ref, cand, ["y"], int8, task="none")
+    assert seen.failures == ["output 'y': cosine 0.707107 < limit 0.990000 at sample 3"], seen.failures
+
+
 def test_top_k_agreement_on_auto_detected_class_scores() -> None:
     ref = [[np.array([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 0.0]])]]
     # Row 0: source's best class (1) drops to second place: still within top-2.
@@ -423,11 +437,11 @@ def test_a_row_the_artifact_moves_off_zero_still_fails() -> None:
     result = compare(ref, _empty_map(0.3), ["map"], default_thresholds("fp32"), task="none")
     assert result.failures == [
         "output 'map': max abs error 0.3 > limit 0.001",
-        "output 'map': cosine 0.000000 < limit 0.999900",
+        "output 'map': cosine 0.000000 < limit 0.999900 at sample 0",
     ], result.failures
     # int8 has no element limit: a row off zero by more than fp32's resolution is a direction.
     result = compare(ref, _empty_map(0.3), ["map"], default_thresholds("int8"), task="none")
-    assert result.failures == ["output 'map': cosine 0.000000 < limit 0.990000"], result.failures
+    assert result.failures == ["output 'map': cosine 0.000000 < limit 0.990000 at sample 0"], result.failures
 
 
 def _detections(scores: float, seed: int = 0) -> Array:
