@@ -370,7 +370,7 @@ def compare(
         ),
     ] = None,
     min_cosine: Annotated[float | None, typer.Option(help="Override: smallest cosine similarity.")] = None,
-    task: Annotated[str, typer.Option(help="auto, classification or none.")] = "auto",
+    task: Annotated[str, typer.Option(help="auto, classification, detection or none.")] = "auto",
 ) -> None:
     """Compare two saved run results (reference.npz, outputs.npz, or artifact folders)."""
     from pydantic import ValidationError
@@ -379,8 +379,8 @@ def compare(
     from kompile.compare import compare_saved, load_saved
     from kompile.compile_jobs.run_results import RunResultsError
 
-    if task not in ("auto", "classification", "none"):
-        raise _fail(f"--task {task!r}: use auto, classification or none")
+    if task not in ("auto", "classification", "detection", "none"):
+        raise _fail(f"--task {task!r}: use auto, classification, detection or none")
     try:
         tolerances = Tolerances(
             max_abs_error=max_abs_error, max_scaled_error=max_scaled_error, min_cosine=min_cosine
@@ -406,6 +406,10 @@ def compare(
             if o.agreement is None
             else f"equal values {o.agreement:.4f} (integer or boolean: labels, masks)"
         )
+        if (d := o.detections) is not None:
+            figures += (
+                f"; detections: {d.found} of {d.required} found, {d.extra} added, agreement {d.agreement:.3f}"
+            )
         err_console.print(f"  {o.name}: {figures}", highlight=False, soft_wrap=True)
     if (acc := verdict.task_accuracy) is not None:
         err_console.print(

@@ -409,6 +409,7 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
         f"{t.name}: {t.selection.message}" for t in status.targets if t.selection and t.selection.message
     ]
     notes += _accuracy_notes(status)
+    notes += _detection_notes(status)
     notes += [f"{t.name} did not try {n}" for t in status.targets for n in t.not_offered]
     if _any_unstable(status):
         notes.append(
@@ -418,6 +419,18 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
         )
     table.caption = "\n".join(notes)
     return table
+
+
+def _detection_notes(status: CompiledModelStatus) -> list[str]:
+    """spec.validation.task detection, per target: each candidate's detection agreement."""
+    notes = []
+    for t in status.targets:
+        rows = [(c.name, c.detection_agreement) for c in t.candidates if c.detection_agreement is not None]
+        if not rows and t.validation and (agreement := t.validation.detection_agreement()) is not None:
+            rows = [(t.backend, agreement)]
+        if rows:
+            notes.append(f"{t.name} detection agreement: " + ", ".join(f"{n} {a:.3f}" for n, a in rows))
+    return notes
 
 
 def _accuracy_notes(status: CompiledModelStatus) -> list[str]:

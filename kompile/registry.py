@@ -63,6 +63,8 @@ def _metrics(t: TargetStatus) -> dict[str, float]:
     if t.validation and t.validation.outputs:
         out["max_abs_error"] = max(o.max_abs_error for o in t.validation.outputs)
         out["min_cosine"] = min(o.cosine for o in t.validation.outputs)
+    if t.validation and (agreement := t.validation.detection_agreement()) is not None:
+        out["detection_agreement"] = agreement
     if t.validation and t.validation.task_accuracy:
         acc = t.validation.task_accuracy
         out |= {"accuracy": acc.accuracy, "accuracy_drop": acc.drop, "source_accuracy": acc.reference}
@@ -399,6 +401,7 @@ def _record_candidate(client: Any, exp_id: str, target_run: str, t: TargetStatus
         "min_cosine": c.min_cosine,
         "accuracy": c.accuracy,
         "accuracy_drop": c.accuracy_drop,
+        "detection_agreement": c.detection_agreement,
         **_figures(c.latency),
     }
     params = {

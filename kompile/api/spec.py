@@ -279,7 +279,9 @@ class Validation(ApiModel):
     seed: int = Field(default=0, ge=0, description="Seed for generated reference inputs.")
     task: TaskKind = Field(
         default="auto",
-        description="classification adds top-k agreement; auto decides from the output's shape.",
+        description="classification adds top-k agreement; detection decodes a YOLO head "
+        "([batch, 4 + classes, anchors], sigmoid scores) and holds the artifact's detections to the "
+        "source's (tolerances.minDetectionAgreement); auto decides from the output's shape.",
     )
     labels_key: str | None = Field(
         default=None,

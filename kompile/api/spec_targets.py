@@ -142,6 +142,29 @@ class Tolerances(ApiModel):
         description="With labelled reference data (spec.validation.labelsKey): the largest allowed drop "
         "of task accuracy from the source model's, in percentage points.",
     )
+    min_detection_agreement: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="spec.validation.task detection: the smallest allowed share of detections the "
+        "artifact and the source agree on, found / (the source's confident detections + the "
+        "artifact's extra ones). Default: 1.0 at fp32, 0.98 at fp16 and bf16, 0.95 at int8.",
+    )
+    detection_score: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="spec.validation.task detection: the class score a detection needs (the "
+        "threshold the model is deployed at). Default 0.25.",
+    )
+    detection_margin: float | None = Field(
+        default=None,
+        ge=0,
+        lt=0.5,
+        description="spec.validation.task detection: scores within this of detectionScore are "
+        "borderline (at most half of it): a detection must be found where the source scores it "
+        "above detectionScore + margin, at any score above detectionScore - margin. Default 0.05.",
+    )
 
 
 class Candidate(ApiModel):

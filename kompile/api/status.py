@@ -75,6 +75,22 @@ class LatencyStats(ApiModel):
     )
 
 
+class DetectionCheck(ApiModel):
+    """How an artifact's detections agree with the source's (spec.validation.task detection): each
+    image's output decoded as a YOLO head (non-maximum suppression within a class), detections of
+    the same class overlapping by IoU 0.5 matched, over every reference sample."""
+
+    required: int = Field(description="The source's detections scored above detectionScore + margin.")
+    found: int = Field(
+        description="Of those, how many the artifact finds at a score above detectionScore - margin."
+    )
+    extra: int = Field(
+        description="The artifact's detections above detectionScore + margin the source does not make "
+        "(above detectionScore - margin)."
+    )
+    agreement: float = Field(description="found / (required + extra); 1 when both are 0.")
+
+
 class OutputCheck(ApiModel):
     """Validation figures for one model output."""
 
@@ -115,6 +131,11 @@ class OutputCheck(ApiModel):
         "rest's (a detector's class probabilities beside box coordinates in pixels). Fails the output.",
     )
     finite: bool = Field(description="False when the artifact produced NaN or Inf.")
+    detections: DetectionCheck | None = Field(
+        default=None,
+        description="spec.validation.task detection: the output decoded as a YOLO head and the "
+        "detections of artifact and source matched.",
+    )
 
 
 class Thresholds(ApiModel):
@@ -131,6 +152,15 @@ class Thresholds(ApiModel):
     top_k: int = Field(description="k for top-k agreement.")
     max_accuracy_drop: float | None = Field(
         default=None, description="Largest allowed task accuracy drop, in points (labelled data only)."
+    )
+    min_detection_agreement: float | None = Field(
+        default=None, description="Smallest allowed detection agreement (task detection only)."
+    )
+    detection_score: float | None = Field(
+        default=None, description="Class score a detection needs (task detection only)."
+    )
+    detection_margin: float | None = Field(
+        default=None, description="Borderline band each side of detectionScore (task detection only)."
     )
 
 
@@ -173,6 +203,10 @@ class ValidationResult(ApiModel):
         default=None, description="Accuracy against the labels, when the reference data has them."
     )
 
+    def detection_agreement(self) -> float | None:
+        """The agreement of the output judged as detections (task detection), if any."""
+        return next((o.detections.agreement for o in self.outputs if o.detections), None)
+
     def worst_float_figures(self) -> tuple[float | None, float | None]:
         """The largest max abs error and the smallest cosine over the float outputs, for a summary:
         an integer or boolean output (a label) is judged by its equal values instead."""
@@ -212,6 +246,11 @@ class CandidateStatus(ApiModel):
     )
     accuracy_drop: float | None = Field(
         default=None, description="The source model's accuracy minus this one's, in points."
+    )
+    detection_agreement: float | None = Field(
+        default=None,
+        description="spec.validation.task detection: the share of detections it and the source "
+        "agree on (validation.outputs[].detections).",
     )
     latency: list[LatencyStats] = Field(default_factory=list, description="Latency per batch size.")
     speedup: float | None = Field(default=None, description="Eager p50 / candidate p50, first batch size.")

@@ -12,7 +12,7 @@ TargetPrecision = Literal["fp32", "fp16", "bf16", "int8", "auto"]
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool"]
 SourceFormat = Literal["auto", "pt2", "torchscript", "onnx", "mlflow", "python", "huggingface"]
 Quantization = Literal["dynamic", "static"]
-TaskKind = Literal["auto", "classification", "none"]
+TaskKind = Literal["auto", "classification", "detection", "none"]
 DeploymentMode = Literal["Serverless", "RawDeployment", "Standard"]
 
 # A source URI: a local path, file://, s3://, models:/ or runs:/ (MLflow), or python://module:factory.

@@ -118,6 +118,7 @@ def _candidate_status(c: TargetStatus, built: BuiltTarget | None, selected: bool
         min_cosine=worst[1],
         accuracy=v.task_accuracy.accuracy if v and v.task_accuracy else None,
         accuracy_drop=v.task_accuracy.drop if v and v.task_accuracy else None,
+        detection_agreement=v.detection_agreement() if v else None,
         latency=list(c.latency),
         speedup=c.speedup,
         speedup_stable=c.speedup_stable,

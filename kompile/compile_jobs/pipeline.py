@@ -25,7 +25,7 @@ from kompile.api.resource import CompiledModel
 from kompile.api.spec import Target
 from kompile.api.status import Baseline, CompiledModelStatus, TargetStatus, summarize
 from kompile.compile_jobs import benchmark as bench
-from kompile.compile_jobs import export, inputs, sources, timing
+from kompile.compile_jobs import detections, export, inputs, sources, timing
 from kompile.compile_jobs.backends.base import Runner
 from kompile.compile_jobs.batch_check import BatchCheck
 from kompile.compile_jobs.build import BuildContext, plan_target, reference_results, thresholds_of
@@ -156,6 +156,10 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         problem = labels_problem(reference.outputs, reference.output_names, labels)
         if problem:
             raise inputs.InputMismatch(f"spec.validation.dataset {cm.spec.validation.dataset}: {problem}")
+    if cm.spec.validation.task == "detection":  # a detector's head found once, before any compile
+        head, problem = detections.head_output(reference.outputs, reference.output_names)
+        if head is None:
+            raise inputs.InputMismatch(f"spec.validation.task detection: {problem}")
     reference.labels = labels
     reference_file = reference.save(opts.work_dir / REFERENCE_FILE)
 

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from kompile.api.spec import Tolerances
-from kompile.api.status import OutputCheck, TaskAccuracy, Thresholds, ValidationResult
+from kompile.api.status import DetectionCheck, OutputCheck, TaskAccuracy, Thresholds, ValidationResult
 from kompile.api.vocabulary import TaskKind as Task
+from kompile.compile_jobs import detections
 
 Array = np.ndarray[Any, Any]
 
@@ -43,23 +44,39 @@ _DEFAULTS: dict[str, Thresholds] = {
     # hidden states by 4e-6 at most; 1e-3 per unit still catches bugs.
     # With labelled data the task accuracy drop is gated too, in points: fp32 rewrites may flip a
     # near-tie, lower precisions a few more.
+    # A detector's detections (task detection) at fp32 must all agree: its rewrites move scores by
+    # under 1e-4, far inside the borderline band (kompile.compile_jobs.detections).
     "fp32": Thresholds(
         max_scaled_error=FP32_SCALED_ERROR,
         min_cosine=0.9999,
         min_top_k_agreement=1.0,
         top_k=1,
         max_accuracy_drop=0.1,
+        min_detection_agreement=1.0,
     ),
     "fp16": Thresholds(
-        max_scaled_error=5e-2, min_cosine=0.999, min_top_k_agreement=0.99, top_k=5, max_accuracy_drop=0.5
+        max_scaled_error=5e-2,
+        min_cosine=0.999,
+        min_top_k_agreement=0.99,
+        top_k=5,
+        max_accuracy_drop=0.5,
+        min_detection_agreement=0.98,
     ),
     "bf16": Thresholds(
-        max_scaled_error=2e-1, min_cosine=0.995, min_top_k_agreement=0.99, top_k=5, max_accuracy_drop=0.5
+        max_scaled_error=2e-1,
+        min_cosine=0.995,
+        min_top_k_agreement=0.99,
+        top_k=5,
+        max_accuracy_drop=0.5,
+        min_detection_agreement=0.98,
     ),
     # int8: element error scales with each tensor's range and its calibration (ResNet-50 logits: 3.1
     # at cosine 0.9997), so no element limit by default; cosine and top-k judge it.
-    "int8": Thresholds(min_cosine=0.99, min_top_k_agreement=0.9, top_k=5, max_accuracy_drop=1.0),
+    "int8": Thresholds(
+        min_cosine=0.99, min_top_k_agreement=0.9, top_k=5, max_accuracy_drop=1.0, min_detection_agreement=0.95
+    ),
 }
+_DETECTION_FIELDS = ("min_detection_agreement", "detection_score", "detection_margin")
 
 
 def default_thresholds(precision: str) -> Thresholds:
@@ -112,6 +129,8 @@ def compare(
     failures: list[str] = []
     if len(reference) != len(candidate):
         failures.append(f"sample count differs: reference {len(reference)}, candidate {len(candidate)}")
+    thresholds = for_task(thresholds, task)
+    head = detections.head_output(reference, output_names)[0] if task == "detection" else None
     checks: list[OutputCheck] = []
     for j, name in enumerate(output_names):
         pairs, problems = _pairs(reference, candidate, j, name)
@@ -123,8 +142,12 @@ def compare(
             check = _measure_categorical(name, pairs)
         else:
             check = _measure(name, pairs, thresholds, _is_class_score(pairs[0][0], task))
+        if j == head:
+            check.detections = _detections(pairs, thresholds)
         checks.append(check)
         failures.extend(_missed(check, thresholds, held_out))
+    if task == "detection" and head is None:
+        failures.append(f"task detection: {detections.head_output(reference, output_names)[1]}")
     accuracy = None
     if labels is not None:
         accuracy, problem = task_accuracy(reference, candidate, output_names, labels)
@@ -137,6 +160,30 @@ def compare(
         failures=failures,
         task_accuracy=accuracy,
     )
+
+
+def for_task(thresholds: Thresholds, task: Task) -> Thresholds:
+    """The thresholds that judge `task`: a detector's with their defaults filled in, any other's
+    without the detection ones, which judge nothing there."""
+    if task != "detection":
+        return thresholds.model_copy(update=dict.fromkeys(_DETECTION_FIELDS))
+    # Thresholds built without the precision defaults (a saved verdict, a test) judge at fp32's.
+    defaults = {
+        "min_detection_agreement": 1.0,
+        "detection_score": detections.SCORE_THRESHOLD,
+        "detection_margin": detections.MARGIN,
+    }
+    given = {k: getattr(thresholds, k) for k in _DETECTION_FIELDS}
+    return thresholds.model_copy(update={k: d if given[k] is None else given[k] for k, d in defaults.items()})
+
+
+def _detections(pairs: list[tuple[Array, Array]], t: Thresholds) -> DetectionCheck:
+    """The detections of a YOLO head output, the artifact's held to the source's."""
+    assert t.detection_score is not None and t.detection_margin is not None
+    got = detections.agreement(
+        [r for r, _ in pairs], [c for _, c in pairs], t.detection_score, t.detection_margin
+    )
+    return DetectionCheck(required=got.required, found=got.found, extra=got.extra, agreement=got.share)
 
 
 def _predictions(samples: Sequence[Sequence[Array]], j: int) -> Array:
@@ -283,7 +330,7 @@ def _broken(name: str, pairs: list[tuple[Array, Array]]) -> OutputCheck:
 def _is_class_score(ref: Array, task: Task) -> bool:
     if task == "classification":
         return ref.ndim >= 1 and ref.shape[-1] >= 2
-    if task == "none":
+    if task in ("none", "detection"):
         return False
     return ref.ndim == 2 and ref.shape[1] >= 2
 
@@ -521,5 +568,15 @@ def _missed(check: OutputCheck, t: Thresholds, held_out: Collection[int] = ()) -
         out.append(
             f"output {name!r}: top-{check.top_k or t.top_k} agreement {agreement:.3f} "
             f"< limit {t.min_top_k_agreement:.3f}"
+        )
+    found = check.detections
+    if found and t.min_detection_agreement is not None and found.agreement < t.min_detection_agreement:
+        assert t.detection_score is not None and t.detection_margin is not None
+        low, high = detections.band(t.detection_score, t.detection_margin)
+        out.append(
+            f"output {name!r}: detection agreement {found.agreement:.3f} < limit "
+            f"{t.min_detection_agreement:.3f}: the artifact finds {found.found} of the source's "
+            f"{found.required} detections scored above {high:.2f} (at any score above {low:.2f}) and "
+            f"adds {found.extra}"
         )
     return out

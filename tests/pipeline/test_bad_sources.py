@@ -187,6 +187,17 @@ def test_labels_outside_the_models_classes_stop_the_run_before_any_compile(
     assert "compiling" not in text, text
 
 
+def test_a_detection_task_on_a_model_with_no_yolo_head_stops_the_run_before_any_compile(
+    kompile_run, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
+    doc = small_cnn_doc(validation={"task": "detection"})
+    res = kompile_run(write_manifest(doc))
+    assert res.code == 2, res.stderr
+    text = " ".join(res.stderr.split())
+    assert "spec.validation.task detection: output" in text and "is no YOLO detection head" in text, text
+    assert "compiling" not in text and "Traceback" not in text, text
+
+
 def test_non_finite_reference_outputs_say_whether_the_dataset_or_the_model_made_them(
     kompile_run, write_manifest, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
