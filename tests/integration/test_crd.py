@@ -36,6 +36,7 @@ from kompile.api.status import (
     CandidateStatus,
     CompiledModelStatus,
     Condition,
+    DetectionCheck,
     LatencyStats,
     LatestPointer,
     OutputCheck,
@@ -211,6 +212,8 @@ def _full_status() -> CompiledModelStatus:
                 agreement=1.0,  # set on an integer output only: here so that pruning it is caught
                 lost_slices="along axis 1, slice 5 moves by up to 0.812 in the source and by at most 0",
                 finite=True,
+                worst_sample=3,
+                detections=DetectionCheck(required=10, found=9, extra=1, agreement=0.818),
             )
         ],
         thresholds=Thresholds(
@@ -221,6 +224,9 @@ def _full_status() -> CompiledModelStatus:
             min_top_k_agreement=0.9,
             top_k=5,
             max_accuracy_drop=1.0,
+            min_detection_agreement=0.95,
+            detection_score=0.25,
+            detection_margin=0.05,
         ),
         failures=["maxRelError 0.003 above 0.001 (reported, not gating)"],
         checked_at=["sequence 16", "batch 4"],
@@ -267,6 +273,7 @@ def _full_status() -> CompiledModelStatus:
                 min_cosine=0.99987,
                 accuracy=96.9,
                 accuracy_drop=0.3,
+                detection_agreement=0.818,
                 latency=_latency(1, 4.25),
                 speedup=3.18,
                 speedup_stable=True,
