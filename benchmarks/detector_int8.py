@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                         "reason": c.reason,
                         "compile_s": c.compile_seconds,
                         "detection_agreement": c.detection_agreement,
+                        "p50_ms": round(c.latency[0].p50_ms, 3) if c.latency else None,
                     }
                     for c in auto.candidates
                 ],
