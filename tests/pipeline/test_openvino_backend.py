@@ -104,6 +104,30 @@ def test_int8_that_quantizes_nothing_is_refused(cnn: tuple[Path, list[Feeds]], t
     assert "Build this target at fp32 or bf16" in str(err.value)
 
 
+def test_keep_sensitive_on_a_graph_with_no_matmul_says_it_would_build_plain_int8(
+    cnn: tuple[Path, list[Feeds]], tmp_path: Path
+) -> None:
+    """The rule keeps MatMuls; a convolutions-only graph has none, and keepFloat sensitive there
+    would quantize exactly as plain int8 did."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.full((3, 3, 3, 3), 0.1, np.float32), "w")
+    conv = helper.make_node("Conv", ["input", "w"], ["logits"], pads=[1, 1, 1, 1])
+    spec = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 3, 32, 32]) for n in ("input", "logits")
+    ]
+    graph = helper.make_graph([conv], "conv", spec[:1], spec[1:], [weight])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    plain, _ = _build((path, cnn[1]), tmp_path / "plain", "int8")
+    assert plain.options["sensitiveMatMuls"] == "0"
+    with pytest.raises(BackendError) as err:
+        _build((path, cnn[1]), tmp_path / "kept", "int8", keepFloat="sensitive")
+    assert "no MatMul to keep in float" in str(err.value) and "quantization dynamic" in str(err.value)
+
+
 def test_int8_remedies_build_and_validate(cnn: tuple[Path, list[Feeds]], tmp_path: Path) -> None:
     """Each remedy the backend offers after a failed int8 builds: accuracy control (NNCF measures
     the gate's own cosine), and int8 weights with float compute (no FakeQuantize at all)."""

@@ -200,3 +200,35 @@ def test_the_float_tail_stops_at_a_norm() -> None:
     kept = sensitive_nodes(graph)
     # Without the stop the walk would go on through norm2, residual2, bias2, norm1 and residual1.
     assert kept == ["query", "probs_times_values", "attention_output", "ffn_out", "pool"]
+
+
+def test_openvino_offers_keep_sensitive_only_where_there_is_a_matmul_to_keep(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A CNN detector has no MatMul for the rule to keep: keep-sensitive would build the failed
+    plain int8 again (NudeNet's YOLOv8n: the same 8 of 10 objects, 4 s spent), so it is not offered,
+    and asked for by name it says so."""
+    ov = pytest.importorskip("openvino")
+    from pathlib import Path
+
+    import onnx
+
+    from kompile.compile_jobs.backends.base import CompiledArtifact
+    from kompile.compile_jobs.backends.openvino import BACKEND, sensitive_matmuls
+
+    path = tmp_path / "head.onnx"
+    onnx.save(
+        onnx.helper.make_model(_yolo_head(), opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path)
+    )  # type: ignore[arg-type]
+    assert sensitive_matmuls(ov.convert_model(str(path))) == []
+
+    def remedies(**options: str) -> list[str]:
+        artifact = CompiledArtifact(backend="openvino", model_path=Path("model.xml"), options=options)
+        return [r.name for r in BACKEND.remedies(artifact)]
+
+    plain = {"quantization": "nncf-ptq", "graph": "other"}
+    assert remedies(**plain, sensitiveMatMuls="0") == [
+        "weights-only",
+        "weights-only-fine",
+        "accuracy-control",
+    ]
+    assert remedies(**plain, sensitiveMatMuls="2")[0] == "keep-sensitive"
+    assert remedies(**plain)[0] == "keep-sensitive"  # an artifact built before the count was recorded

@@ -147,7 +147,15 @@ def quantize(
     transformer = opts.model_type == "transformer"
     preset = opts.preset if opts.preset != "auto" else ("mixed" if transformer else "performance")
     ignored = [t.strip() for t in opts.ignored_types.split(",") if t.strip()]
-    kept = sensitive_matmuls(model) if opts.keep_float == "sensitive" else []
+    sensitive = sensitive_matmuls(model)
+    if opts.keep_float == "sensitive" and not sensitive:
+        raise BackendError(
+            "openvino keepFloat sensitive: the graph has no MatMul to keep in float (the rule keeps "
+            "MatMuls: the first and last, attention's, those feeding a LayerNorm), so this build "
+            "would be the plain int8 again; try quantization dynamic (int8 weights, float compute) or "
+            'option accuracyControl: "true" instead'
+        )
+    kept = sensitive if opts.keep_float == "sensitive" else []
     feeds = request.calibration_at_sizes
     dataset = nncf.Dataset(feeds, lambda feed: {n: feed[n] for n in names})
     common: dict[str, Any] = {
@@ -195,6 +203,8 @@ def quantize(
         record["ignoredTypes"] = ",".join(ignored)
     if kept:
         record.update(keepFloat="sensitive", floatMatMuls=str(len(kept)))
+    else:  # what keep-sensitive would keep: none (a CNN detector's graph) and it is not offered
+        record["sensitiveMatMuls"] = str(len(sensitive))
     return quantized
 
 
@@ -446,7 +456,8 @@ class OpenVinoBackend(Backend):
         )
         skip = {
             "transformer": not transformer or tried_mode,
-            "keep-sensitive": o.get("keepFloat") == "sensitive",
+            # Nothing to keep: the build would be the failed plain int8 again (NudeNet's YOLOv8n).
+            "keep-sensitive": o.get("keepFloat") == "sensitive" or o.get("sensitiveMatMuls") == "0",
             "accuracy-control": o.get("accuracyControl") == "true",
         }
         return [steps[name] for name in order if not skip.get(name, False)]
