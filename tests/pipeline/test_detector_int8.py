@@ -58,8 +58,8 @@ def test_int8_that_lost_the_class_probabilities_is_refused_and_the_float_tail_ke
     total, kept = found(artifact(tail), photos)
     assert total >= 5  # the source finds faces and more on these photos (10 when measured)
     # Measured: 10 of 10 with the float tail alone (8 when calibrated on all 6 photos, before one
-    # was held out). The gate compares outputs, not detections: a lost box or two passes it where
-    # cosine holds.
+    # was held out). This manifest's task is auto: the gate compares outputs, and a lost box or two
+    # passes it where cosine holds (task detection, the next test, judges boxes).
     assert kept >= 0.7 * total, (kept, total)
     # The refused artifact's probabilities share one int8 step with the boxes' pixels (1.24 here):
     # each is 0 or that step (2 of the 10 objects found, where a class scored above 0.62).
