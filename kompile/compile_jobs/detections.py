@@ -39,10 +39,6 @@ MAX_CANDIDATES = 3000
 so an artifact that scores every anchor high costs seconds, not minutes, to refuse."""
 
 
-class LayoutError(ValueError):
-    """The output cannot be read as a YOLO detection head; the message says what it is instead."""
-
-
 @dataclass(frozen=True)
 class Agreement:
     """How one output's detections compare over every sample."""

@@ -130,7 +130,7 @@ def compare(
     if len(reference) != len(candidate):
         failures.append(f"sample count differs: reference {len(reference)}, candidate {len(candidate)}")
     thresholds = for_task(thresholds, task)
-    head = detections.head_output(reference, output_names)[0] if task == "detection" else None
+    head, no_head = detections.head_output(reference, output_names) if task == "detection" else (None, None)
     checks: list[OutputCheck] = []
     for j, name in enumerate(output_names):
         pairs, problems = _pairs(reference, candidate, j, name)
@@ -146,8 +146,8 @@ def compare(
             check.detections = _detections(pairs, thresholds)
         checks.append(check)
         failures.extend(_missed(check, thresholds, held_out))
-    if task == "detection" and head is None:
-        failures.append(f"task detection: {detections.head_output(reference, output_names)[1]}")
+    if no_head:
+        failures.append(f"task detection: {no_head}")
     accuracy = None
     if labels is not None:
         accuracy, problem = task_accuracy(reference, candidate, output_names, labels)
