@@ -371,6 +371,9 @@ def compare(
     ] = None,
     min_cosine: Annotated[float | None, typer.Option(help="Override: smallest cosine similarity.")] = None,
     task: Annotated[str, typer.Option(help="auto, classification, detection or none.")] = "auto",
+    detection_head: Annotated[
+        str, typer.Option(help="--task detection: yolov8 (no objectness) or yolov5 (an objectness column).")
+    ] = "yolov8",
 ) -> None:
     """Compare two saved run results (reference.npz, outputs.npz, or artifact folders)."""
     from pydantic import ValidationError
@@ -381,12 +384,14 @@ def compare(
 
     if task not in ("auto", "classification", "detection", "none"):
         raise _fail(f"--task {task!r}: use auto, classification, detection or none")
+    if detection_head not in ("yolov8", "yolov5"):
+        raise _fail(f"--detection-head {detection_head!r}: use yolov8 or yolov5")
     try:
         tolerances = Tolerances(
             max_abs_error=max_abs_error, max_scaled_error=max_scaled_error, min_cosine=min_cosine
         )
         a, b = load_saved(reference), load_saved(candidate)
-        verdict = compare_saved(a, b, precision, tolerances, task)  # type: ignore[arg-type]
+        verdict = compare_saved(a, b, precision, tolerances, task, detection_head)  # type: ignore[arg-type]
     except (RunResultsError, ValidationError, ValueError) as err:
         raise _fail(str(err)) from None
     err_console.print(

@@ -10,7 +10,7 @@ from pathlib import Path
 from kompile.api.job_contract import RESULT_FILE, JobResult
 from kompile.api.spec import Tolerances
 from kompile.api.status import ValidationResult
-from kompile.api.vocabulary import TaskKind
+from kompile.api.vocabulary import DetectionHead, TaskKind
 from kompile.compile_jobs import run_results, validate
 from kompile.compile_jobs.run_results import OUTPUTS_FILE, RunResults, RunResultsError
 
@@ -42,9 +42,16 @@ def load_saved(path: Path) -> Saved:
 
 
 def compare_saved(
-    reference: Saved, candidate: Saved, precision: str | None, tolerances: Tolerances, task: TaskKind
+    reference: Saved,
+    candidate: Saved,
+    precision: str | None,
+    tolerances: Tolerances,
+    task: TaskKind,
+    detection_head: DetectionHead = "yolov8",
 ) -> ValidationResult:
     """B held to A with the precision's default thresholds (B's own, else fp32) and overrides."""
     chosen = precision or candidate.precision or "fp32"
-    thresholds = validate.resolve_thresholds(chosen, tolerances)
+    thresholds = validate.resolve_thresholds(chosen, tolerances).model_copy(
+        update={"detection_head": detection_head}
+    )
     return run_results.compare(reference.results, candidate.results, thresholds, task)

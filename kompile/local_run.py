@@ -430,6 +430,13 @@ def _detection_notes(status: CompiledModelStatus) -> list[str]:
             rows = [(t.backend, agreement)]
         if rows:
             notes.append(f"{t.name} detection agreement: " + ", ".join(f"{n} {a:.3f}" for n, a in rows))
+        found = [o.detections for o in (t.validation.outputs if t.validation else []) if o.detections]
+        if found and not any(d.required for d in found):
+            # Generated inputs (noise) show a detector nothing: an agreement of 1.0 there judged nothing.
+            notes.append(
+                f"{t.name}: the source found no confident detection on the reference inputs, so the "
+                "detection check judged none; give real images as spec.validation.dataset"
+            )
     return notes
 
 

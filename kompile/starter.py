@@ -131,6 +131,11 @@ def manifest_for(model: Path, source_uri: str, opts: StarterOptions) -> dict[str
     }
     if opts.dataset is not None:
         spec["validation"] = {"dataset": opts.dataset_uri or str(opts.dataset)}
+    from kompile.compile_jobs.detections import ultralytics_detector
+
+    if fmt == "onnx" and ultralytics_detector(model):
+        # The outputs-only gate passed an int8 detector that lost objects: judge the detections.
+        spec.setdefault("validation", {})["task"] = "detection"
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -217,10 +222,18 @@ def commented_yaml(doc: dict[str, Any], model: Path) -> str:
         "  # Batch sizes timed for the figures (and the selection).",
         _block({"benchmark": spec["benchmark"]}, 2).rstrip(),
     ]
-    if "validation" in spec:
+    validation = spec.get("validation", {})
+    if "dataset" in validation:
         out += [
             "  # Reference inputs (--dataset), relative to this manifest: validation and int8 calibration",
             "  # run on them; the dims they show took their sizes above.",
-            _block({"validation": spec["validation"]}, 2).rstrip(),
         ]
+    if validation.get("task") == "detection":
+        out += [
+            "  # task detection: the file's metadata says Ultralytics exported it as a detector. Each",
+            "  # artifact's detections are matched to the source's (set tolerances.detectionScore to the",
+            "  # score you deploy at); give real images as the dataset: random ones show few.",
+        ]
+    if validation:
+        out.append(_block({"validation": validation}, 2).rstrip())
     return "\n".join(out) + "\n"

@@ -28,6 +28,7 @@ from kompile.api.spec_targets import (
 from kompile.api.vocabulary import (
     NAME_MAX,
     SOURCE_URI_PATTERN,
+    DetectionHead,
     DType,
     Precision,
     SourceFormat,
@@ -282,6 +283,14 @@ class Validation(ApiModel):
         description="classification adds top-k agreement; detection decodes a YOLO head "
         "([batch, 4 + classes, anchors], sigmoid scores) and holds the artifact's detections to the "
         "source's (tolerances.minDetectionAgreement); auto decides from the output's shape.",
+    )
+    detection_head: DetectionHead = Field(
+        default="yolov8",
+        description="task detection: how the head is laid out. yolov8: [batch, 4 + classes, anchors] "
+        "or its transpose, each class's score in [0, 1] (Ultralytics' YOLOv8, v9, v11 exports); "
+        "yolov5: [batch, anchors, 5 + classes] or its transpose, an objectness column after the box "
+        "and each class's score objectness x its probability (YOLOv5, YOLOv7, a YOLOX export with "
+        "its decoding).",
     )
     labels_key: str | None = Field(
         default=None,

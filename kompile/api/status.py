@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from kompile.api.base import ApiModel
+from kompile.api.vocabulary import DetectionHead
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 # Exported: built by an export-only backend (Core ML on Linux) that nothing here can run; recorded,
@@ -161,6 +162,9 @@ class Thresholds(ApiModel):
     )
     detection_margin: float | None = Field(
         default=None, description="Borderline band each side of detectionScore (task detection only)."
+    )
+    detection_head: DetectionHead | None = Field(
+        default=None, description="How the YOLO head was read: yolov8 or yolov5 (task detection only)."
     )
 
 

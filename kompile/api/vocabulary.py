@@ -13,6 +13,8 @@ DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8", "bo
 SourceFormat = Literal["auto", "pt2", "torchscript", "onnx", "mlflow", "python", "huggingface"]
 Quantization = Literal["dynamic", "static"]
 TaskKind = Literal["auto", "classification", "detection", "none"]
+# How task detection reads a YOLO head: without objectness (Ultralytics' YOLOv8 on) or with it (YOLOv5, v7).
+DetectionHead = Literal["yolov8", "yolov5"]
 DeploymentMode = Literal["Serverless", "RawDeployment", "Standard"]
 
 # A source URI: a local path, file://, s3://, models:/ or runs:/ (MLflow), or python://module:factory.

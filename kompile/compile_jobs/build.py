@@ -512,7 +512,8 @@ def _thresholds(target: Target, validation: Validation, source_quantized: bool) 
     """Precision defaults (int8's for a source quantized already), then spec.validation's, then
     the target's."""
     precision = validate.gate_precision(target.precision, source_quantized)
-    return validate.resolve_thresholds(precision, validation.tolerances, target.tolerances)
+    resolved = validate.resolve_thresholds(precision, validation.tolerances, target.tolerances)
+    return resolved.model_copy(update={"detection_head": validation.detection_head})
 
 
 def compile_request(

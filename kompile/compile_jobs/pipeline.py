@@ -157,7 +157,8 @@ def run_pipeline(cm: CompiledModel, opts: PipelineOptions, reporter: Reporter) -
         if problem:
             raise inputs.InputMismatch(f"spec.validation.dataset {cm.spec.validation.dataset}: {problem}")
     if cm.spec.validation.task == "detection":  # a detector's head found once, before any compile
-        head, problem = detections.head_output(reference.outputs, reference.output_names)
+        kind = cm.spec.validation.detection_head
+        head, problem = detections.head_output(reference.outputs, reference.output_names, kind)
         if head is None:
             raise inputs.InputMismatch(f"spec.validation.task detection: {problem}")
     reference.labels = labels

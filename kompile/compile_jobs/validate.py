@@ -76,7 +76,7 @@ _DEFAULTS: dict[str, Thresholds] = {
         min_cosine=0.99, min_top_k_agreement=0.9, top_k=5, max_accuracy_drop=1.0, min_detection_agreement=0.95
     ),
 }
-_DETECTION_FIELDS = ("min_detection_agreement", "detection_score", "detection_margin")
+_DETECTION_FIELDS = ("min_detection_agreement", "detection_score", "detection_margin", "detection_head")
 
 
 def default_thresholds(precision: str) -> Thresholds:
@@ -130,7 +130,11 @@ def compare(
     if len(reference) != len(candidate):
         failures.append(f"sample count differs: reference {len(reference)}, candidate {len(candidate)}")
     thresholds = for_task(thresholds, task)
-    head, no_head = detections.head_output(reference, output_names) if task == "detection" else (None, None)
+    head, no_head = (
+        detections.head_output(reference, output_names, thresholds.detection_head or "yolov8")
+        if task == "detection"
+        else (None, None)
+    )
     checks: list[OutputCheck] = []
     for j, name in enumerate(output_names):
         pairs, problems = _pairs(reference, candidate, j, name)
@@ -172,16 +176,59 @@ def for_task(thresholds: Thresholds, task: Task) -> Thresholds:
         "min_detection_agreement": 1.0,
         "detection_score": detections.SCORE_THRESHOLD,
         "detection_margin": detections.MARGIN,
+        "detection_head": "yolov8",
     }
     given = {k: getattr(thresholds, k) for k in _DETECTION_FIELDS}
     return thresholds.model_copy(update={k: d if given[k] is None else given[k] for k, d in defaults.items()})
+
+
+def headroom(result: ValidationResult) -> float:
+    """How far inside the gate a verdict lies, as a share of each limit's room: 1 where the artifact
+    equals the source, 0 at the nearest limit, below 0 past it; -1 for a failure with no room to
+    measure (NaN, a lost part of an output). NNCF accuracy control tunes on it, so it judges what the
+    gate judges (under task detection, the detections; cosine alone kept a detector's plain int8)."""
+    t = result.thresholds
+    rooms: list[float] = []
+    for check in result.outputs:
+        if not check.finite:
+            return -1.0
+        if check.agreement is not None:  # integer values: equal or not
+            limit = 1.0 if t.min_top_k_agreement is None else t.min_top_k_agreement
+            rooms.append(_room(check.agreement, limit))
+            continue
+        rooms.append(_room(check.cosine, t.min_cosine))
+        if check.top_k_agreement is not None and t.min_top_k_agreement is not None:
+            rooms.append(_room(check.top_k_agreement, t.min_top_k_agreement))
+        if check.detections is not None and t.min_detection_agreement is not None:
+            rooms.append(_room(check.detections.agreement, t.min_detection_agreement))
+        scaled = None if t.max_scaled_error is None else t.max_scaled_error * (check.scale or 1.0)
+        limits = (
+            (check.max_abs_error, t.max_abs_error),
+            (check.max_abs_error, scaled),
+            (check.max_rel_error, t.max_rel_error),
+        )
+        rooms.extend(1.0 - error / limit for error, limit in limits if limit)
+    room = min(rooms, default=1.0)
+    return room if result.passed or room < 0 else -1.0
+
+
+def _room(value: float, limit: float) -> float:
+    """(value - limit) / (1 - limit) for a measure whose best is 1; a limit of 1 leaves no room to
+    share: 1 at it, -1 below."""
+    if limit >= 1.0:
+        return 1.0 if value >= limit else -1.0
+    return (value - limit) / (1.0 - limit)
 
 
 def _detections(pairs: list[tuple[Array, Array]], t: Thresholds) -> DetectionCheck:
     """The detections of a YOLO head output, the artifact's held to the source's."""
     assert t.detection_score is not None and t.detection_margin is not None
     got = detections.agreement(
-        [r for r, _ in pairs], [c for _, c in pairs], t.detection_score, t.detection_margin
+        [r for r, _ in pairs],
+        [c for _, c in pairs],
+        t.detection_score,
+        t.detection_margin,
+        t.detection_head or "yolov8",
     )
     return DetectionCheck(required=got.required, found=got.found, extra=got.extra, agreement=got.share)
 

@@ -227,6 +227,7 @@ def _full_status() -> CompiledModelStatus:
             min_detection_agreement=0.95,
             detection_score=0.25,
             detection_margin=0.05,
+            detection_head="yolov5",
         ),
         failures=["maxRelError 0.003 above 0.001 (reported, not gating)"],
         checked_at=["sequence 16", "batch 4"],

@@ -93,3 +93,110 @@ def test_task_detection_judges_what_the_detector_finds(kompile_run, write_manife
     assert found["agreement"] == 1.0
     assert validation["thresholds"]["detectionScore"] == 0.25
     assert validation["thresholds"]["minDetectionAgreement"] == 1.0
+
+
+def test_openvino_accuracy_control_tunes_on_the_detections(
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """NNCF accuracy control measures what the gate judges: under task detection, the detections.
+    Tuned on cosine alone it kept the plain int8 (cosine 0.9993 is inside int8's drop), which the
+    gate then refused for the objects it lost (8 of 10 found, 2 added)."""
+    photos = people_photos()
+    dataset = tmp_path / "people.npz"
+    np.savez(dataset, images=photos)
+    controlled = {
+        "backend": "openvino",
+        "precision": "int8",
+        "quantization": "static",
+        "options": {"accuracyControl": "true"},
+    }
+    doc = nudenet_manifest(
+        "nudenet", dataset, {"name": "cpu", "candidates": [controlled]}, 3, task="detection"
+    )
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    (c,) = t["candidates"]
+    assert c["phase"] == "Succeeded", c.get("message")
+    assert c["detectionAgreement"] >= 0.95
+    options = c["options"]
+    assert options["accuracyControl"] == "true" and options["accuracyControlMetric"] == "gate-headroom"
+    # Measured: 7 of 132 operations returned to float (the first convolutions); most stay int8.
+    assert 0 < int(options["accuracyControlReverted"]) < 20, options
+
+
+def test_a_yolov5_head_is_read_with_its_objectness(kompile_run, write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """spec.validation.detectionHead yolov5: the same real detector with its head laid out the
+    YOLOv5 way ([batch, anchors, 5 + classes], objectness after the box) makes the source's own
+    detections, where reading it as a YOLOv8 head would take objectness for a class."""
+    from kompile.compile_jobs import detections
+    from tests.support.detections import nudenet_as_yolov5
+
+    photos = people_photos()
+    dataset = tmp_path / "people.npz"
+    np.savez(dataset, images=photos)
+    source = nudenet_as_yolov5(tmp_path)
+    v8 = outputs(nudenet_detector(), photos)
+    v5 = outputs(source, photos)
+    assert v5.shape == (len(photos), v8.shape[2], v8.shape[1] + 1)
+    ours = detections.agreement(list(v5[:, None]), list(v5[:, None]), 0.25, 0.05, "yolov5")
+    theirs = detections.agreement(list(v8[:, None]), list(v8[:, None]), 0.25, 0.05)
+    misread = detections.agreement(list(v5[:, None]), list(v5[:, None]), 0.25, 0.05)
+    assert ours.required == theirs.required and misread.required != theirs.required, (ours, theirs, misread)
+
+    static = {"backend": "onnxruntime", "precision": "int8", "quantization": "static"}
+    target = {"name": "cpu", "candidates": [{"backend": "onnxruntime", "precision": "fp32"}, static]}
+    doc = nudenet_manifest("nudenet", dataset, target, 3, task="detection", source=source, head="yolov5")
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    fp32, int8 = t["candidates"]
+    assert fp32["phase"] == "Succeeded" and fp32["detectionAgreement"] == 1.0, fp32.get("message")
+    assert int8["reason"] == "ValidationFailed" and "detection agreement" in int8["message"], int8
+    (output,) = t["validation"]["outputs"]
+    assert output["detections"]["required"] == theirs.required  # 10 when measured (3370 misread)
+    assert t["validation"]["thresholds"]["detectionHead"] == "yolov5"
+
+
+def test_task_detection_reads_the_head_at_a_size_with_fewer_anchors_than_channels(
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """At 32x32 NudeNet's head has 21 anchors (16 + 4 + 1) and 22 channels: read by its shape alone
+    it was taken as transposed, its box coordinates as scores ("class scores run from 0 to 48.3"),
+    and every artifact of a model with dynamic height and width was refused at that size."""
+    photos = people_photos()
+    dataset = tmp_path / "people.npz"
+    np.savez(dataset, images=photos)
+    target = {"name": "cpu", "candidates": [{"backend": "onnxruntime", "precision": "fp32"}]}
+    doc = nudenet_manifest("nudenet", dataset, target, 3, task="detection", sides=(32, 480))
+    res = kompile_run(write_manifest(doc), "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    (c,) = t["candidates"]
+    assert c["phase"] == "Succeeded" and c["detectionAgreement"] == 1.0, c.get("message")
+    assert any("height 32" in size for size in t["validation"]["checkedAt"]), t["validation"]["checkedAt"]
+
+
+def test_task_detection_on_generated_inputs_says_it_judged_no_detection(
+    kompile_run, write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Without a dataset the reference inputs are noise, where a detector finds nothing: an
+    agreement of 1.0 there judged nothing, and the summary says so and what to give."""
+    target = {"name": "cpu", "candidates": [{"backend": "onnxruntime", "precision": "fp32"}]}
+    doc = nudenet_manifest("nudenet", tmp_path / "unused.npz", target, 3, task="detection")
+    del doc["spec"]["validation"]["dataset"]
+    manifest = write_manifest(doc)
+    res = kompile_run(manifest, "--no-register")
+    assert res.code == 0, res.stderr
+    (t,) = res.status["targets"]
+    assert t["validation"]["outputs"][0]["detections"]["required"] == 0
+    from typer.testing import CliRunner
+
+    from kompile.cli import app
+
+    args = ["run", str(manifest), "--no-register", "--work-dir", str(tmp_path / "summary")]
+    shown = CliRunner().invoke(app, args, catch_exceptions=False)  # the summary table, not --json
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "the source found no confident detection on the reference inputs" in text, shown.output
+    assert "give real images as spec.validation.dataset" in text

@@ -457,3 +457,35 @@ def test_a_waveform_input_is_timed_at_a_second_of_audio(tmp_path: Path) -> None:
     (inp,) = _spec(tmp_path / "speech.yaml")["inputs"]
     samples = inp["dynamicDims"][1]
     assert (samples["min"], samples["opt"], samples["max"]) == (400, 16000, 160000), samples
+
+
+def test_init_judges_an_ultralytics_detector_by_its_detections(tmp_path: Path) -> None:
+    """NudeNet's file is an Ultralytics YOLOv8 export (its metadata says author, task detect and its
+    18 class names; its output is [batch, 22, anchors]): the manifest asks for task detection."""
+    import shutil
+
+    from kompile.compile_jobs.detections import ultralytics_detector
+    from tests.support.detections import nudenet_as_yolov5
+    from tests.support.pretrained_files import nudenet_detector
+
+    model = Path(shutil.copy(nudenet_detector(), tmp_path / "detector.onnx"))
+    code, _, err = _cli("init", str(model))
+    assert code == 0, err
+    out = tmp_path / "detector.yaml"
+    assert _spec(out)["validation"] == {"task": "detection"}
+    assert (
+        "# task detection: the file's metadata says Ultralytics exported it as a detector" in out.read_text()
+    )
+    why = ultralytics_detector(model)
+    assert (
+        why == "an Ultralytics 8.2.46 detection export: output 'output0' is [batch, 4 + 18 classes, anchors]"
+    )
+    assert "validation" not in _spec_of_init(_onnx(tmp_path), tmp_path)  # a classifier: no task
+    # The same metadata over a head not laid out [batch, 4 + classes, anchors]: not claimed.
+    assert ultralytics_detector(nudenet_as_yolov5(tmp_path)) is None
+
+
+def _spec_of_init(model: Path, folder: Path) -> dict[str, Any]:
+    code, _, err = _cli("init", str(model), "--force")
+    assert code == 0, err
+    return _spec(folder / f"{model.stem}.yaml")

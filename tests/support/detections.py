@@ -15,30 +15,81 @@ Array = np.ndarray[Any, Any]
 
 
 def nudenet_manifest(
-    name: str, dataset: Path, target: dict[str, Any], iterations: int, warmup: int = 1, task: str = "auto"
+    name: str,
+    dataset: Path,
+    target: dict[str, Any],
+    iterations: int,
+    warmup: int = 1,
+    task: str = "auto",
+    source: Path | None = None,
+    head: str = "yolov8",
+    sides: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """A CompiledModel of NudeNet's detector (batch 1-4) validated on `dataset` as `task`, with one
-    target."""
+    """A CompiledModel of NudeNet's detector (batch 1-4; `source`: a rewrite of it) validated on
+    `dataset` as `task` (a detection head read as `head`), with one target. `sides`: height and
+    width dynamic from the first to the second (opt 320), so the gate judges those sizes too."""
     from tests.support.pretrained_files import nudenet_detector
 
+    dims = [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 4}]
+    if sides:
+        low, high = sides
+        dims += [
+            {"axis": a, "name": n, "min": low, "opt": 320, "max": high}
+            for a, n in ((2, "height"), (3, "width"))
+        ]
     return {
         "apiVersion": "kompile.dev/v1alpha1",
         "kind": "CompiledModel",
         "metadata": {"name": name},
         "spec": {
-            "source": {"uri": str(nudenet_detector())},
+            "source": {"uri": str(source or nudenet_detector())},
             "inputs": [
                 {
                     "name": "images",
-                    "shape": [-1, 3, 320, 320],
-                    "dynamicDims": [{"axis": 0, "name": "batch", "min": 1, "opt": 1, "max": 4}],
+                    "shape": [-1, 3, -1, -1] if sides else [-1, 3, 320, 320],
+                    "dynamicDims": dims,
                 }
             ],
             "targets": [target],
-            "validation": {"dataset": str(dataset), "task": task},
+            "validation": {"dataset": str(dataset), "task": task, "detectionHead": head},
             "benchmark": {"batchSizes": [1], "warmup": warmup, "iterations": iterations},
         },
     }
+
+
+def nudenet_as_yolov5(out_dir: Path) -> Path:
+    """NudeNet's detector (real weights) with its head laid out the YOLOv5 way, [batch, anchors,
+    5 + classes]: objectness is each anchor's best class score and each class's probability its
+    score over that, so read as a yolov5 head it makes NudeNet's own detections."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from tests.support.pretrained_files import nudenet_detector
+
+    model = onnx.load(str(nudenet_detector()))
+    graph = model.graph
+    (head,) = graph.output
+    consts = {"one": [1], "zero": [0], "four": [4], "end": [2**62]}
+    graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items())
+    graph.initializer.append(numpy_helper.from_array(np.array(1e-9, np.float32), "eps"))
+    graph.node.extend(
+        [
+            helper.make_node("Slice", [head.name, "zero", "four", "one"], ["v5_box"]),
+            helper.make_node("Slice", [head.name, "four", "end", "one"], ["v5_scores"]),
+            helper.make_node("ReduceMax", ["v5_scores"], ["v5_objectness"], axes=[1], keepdims=1),
+            helper.make_node("Max", ["v5_objectness", "eps"], ["v5_divisor"]),
+            helper.make_node("Div", ["v5_scores", "v5_divisor"], ["v5_probabilities"]),
+            helper.make_node("Concat", ["v5_box", "v5_objectness", "v5_probabilities"], ["v5_head"], axis=1),
+            helper.make_node("Transpose", ["v5_head"], ["detections"], perm=[0, 2, 1]),
+        ]
+    )
+    graph.output.remove(head)
+    columns = head.type.tensor_type.shape.dim[1].dim_value + 1
+    shape = ["batch", "anchors", columns]
+    graph.output.append(helper.make_tensor_value_info("detections", onnx.TensorProto.FLOAT, shape))
+    path = out_dir / "nudenet-yolov5.onnx"
+    onnx.save(model, str(path))
+    return path
 
 
 def matched(source: Array, artifact: Array, threshold: float = 0.25) -> tuple[int, int, int]:

@@ -139,8 +139,8 @@ def test_a_detection_task_without_a_yolo_head_fails_saying_why() -> None:
     assert not result.passed
     assert result.failures == [
         "task detection: output 'y' of shape [1, 10] is no YOLO detection head: task detection reads "
-        "[batch, 4 + classes, anchors] (or [batch, anchors, 4 + classes]); set spec.validation.task "
-        "to auto for other outputs"
+        "[batch, 4 + classes, anchors] (or [batch, anchors, 4 + classes]) as "
+        "spec.validation.detectionHead yolov8; set spec.validation.task to auto for other outputs"
     ]
 
 
@@ -171,3 +171,87 @@ def test_kompile_compare_judges_detections_when_told(tmp_path: Path) -> None:
     assert "detection agreement 0.900 < limit 0.950" in text, text
     untold = runner.invoke(app, ["compare", str(a), str(b), "--precision", "int8"])
     assert untold.exit_code == 0, untold.output  # cosine alone passes it
+
+
+def test_headroom_under_task_detection_is_spent_by_a_lost_object_where_cosine_keeps_it() -> None:
+    """NNCF accuracy control tunes on validate.headroom: a detector's lost object spends the
+    detections' room (agreement 0.9 against int8's 0.95) though cosine leaves most of its own."""
+    objects = [(*FACE, 0.8)] + [(20.0 * i, 100.0, 8.0, 8.0, 1, 0.9) for i in range(1, 10)]
+    source = head(*objects)
+    lost = verdict(source, head((*FACE, 0.1), *objects[1:]))
+    assert lost.outputs[0].cosine > 0.99
+    assert validate.headroom(lost) == pytest.approx((0.9 - 0.95) / 0.05)
+    assert validate.headroom(verdict(source, source)) == pytest.approx(1.0)
+
+
+def v5_head(*boxes: tuple[float, float, float, float, int, float, float]) -> Array:
+    """One image's YOLOv5-style [1, anchors, 5 + classes] output holding the given (cx, cy, w, h,
+    class, objectness, class probability) boxes at the first anchors; every other anchor has
+    objectness 0.01 and each class's probability 1/3."""
+    out = np.full((1, ANCHORS, 5 + CLASSES), 1 / CLASSES, dtype=np.float32)
+    out[0, :, :4] = 10.0
+    out[0, :, 4] = 0.01
+    for i, (cx, cy, w, h, cls, objectness, probability) in enumerate(boxes):
+        out[0, i, :4] = (cx, cy, w, h)
+        out[0, i, 4] = objectness
+        out[0, i, 5:] = 0.05  # YOLOv5's class probabilities are sigmoids each: no sum to 1
+        out[0, i, 5 + cls] = probability
+    return out
+
+
+def test_a_yolov5_head_scores_each_class_by_objectness_times_its_probability() -> None:
+    """YOLOv5 and v7 put an objectness column after the box: a class scores objectness x its
+    probability. Read as a YOLOv8 head (no objectness), objectness would be class 0, and each
+    background anchor's conditional probability (here 1/3) a detection."""
+    thresholds = validate.resolve_thresholds("int8").model_copy(update={"detection_head": "yolov5"})
+    face = v5_head((*FACE, 0.9, 0.8))  # scores 0.72
+    faint = v5_head((*FACE, 0.9, 0.3))  # scores 0.27: borderline, neither required nor extra
+    assert detections.agreement([face], [face], 0.25, 0.05, "yolov5") == detections.Agreement(1, 1, 0)
+    assert detections.agreement([face], [v5_head()], 0.25, 0.05, "yolov5") == detections.Agreement(1, 0, 0)
+    assert detections.agreement([face], [faint], 0.25, 0.05, "yolov5") == detections.Agreement(1, 1, 0)
+    lost = validate.compare([[face]], [[v5_head((*FACE, 0.1, 0.8))]], ["output0"], thresholds, "detection")
+    assert lost.thresholds.detection_head == "yolov5"
+    assert lost.failures == [
+        "output 'output0': detection agreement 0.000 < limit 0.950: the artifact finds 0 of the "
+        "source's 1 detections scored above 0.30 (at any score above 0.20) and adds 0"
+    ]
+    misread = detections.agreement([face], [face], 0.25, 0.05)  # as yolov8: 1 + 8 background
+    assert misread.required > 1
+    # Five columns cannot hold a box, objectness and a class.
+    assert detections.head_layout((1, 8400, 5), "yolov5") is None
+    assert detections.head_layout((1, 8400, 5)) == "anchors"
+
+
+def test_kompile_compare_reads_a_yolov5_head_when_told(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kompile.cli import EXIT_TARGET_FAILED, app
+    from kompile.compile_jobs.run_results import RunResults
+
+    feeds = [{"images": np.zeros((1, 3, 8, 8), np.float32)}]
+    source = RunResults("eager:yolov5", ["output0"], [[v5_head((*FACE, 0.9, 0.8))]], feeds)
+    lost = RunResults("openvino-int8", ["output0"], [[v5_head((*FACE, 0.1, 0.8))]], feeds)
+    a, b = source.save(tmp_path / "reference.npz"), lost.save(tmp_path / "outputs.npz")
+    runner = CliRunner()
+    args = ["compare", str(a), str(b), "--precision", "int8", "--task", "detection"]
+    told = runner.invoke(app, [*args, "--detection-head", "yolov5"])
+    assert told.exit_code == EXIT_TARGET_FAILED, told.output
+    assert "detections: 0 of 1 found, 0 added" in " ".join(told.output.split()), told.output
+    wrong = runner.invoke(app, [*args, "--detection-head", "yolov7"])
+    assert wrong.exit_code != 0 and "use yolov8 or yolov5" in wrong.output, wrong.output
+
+
+def test_a_small_inputs_head_with_fewer_anchors_than_channels_is_read_by_its_values() -> None:
+    """[1, 7, 6]: 4 + 3 classes over 6 anchors (a small input). By shape alone it reads as
+    transposed, boxes as scores; its values say which way round it is."""
+    small = head((*FACE, 0.9), (*HAND, 0.8))[:, :, :6]
+    assert small.shape == (1, 7, 6) and detections.head_layout(small.shape) == "anchors"
+    assert detections.read_layout(small) == "channels"
+    assert detections.layout_problem("output0", small) is None
+    assert agree(small, small) == detections.Agreement(2, 2, 0)
+    assert detections.read_layout(small.transpose(0, 2, 1)) == "anchors"
+    # Where neither way round holds scores in [0, 1], the shape's reading is named.
+    logits = small.copy()
+    logits[0, 4:] += 5.0
+    problem = detections.layout_problem("output0", logits)
+    assert problem and "not within [0, 1]" in problem

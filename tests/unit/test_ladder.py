@@ -232,3 +232,54 @@ def test_openvino_offers_keep_sensitive_only_where_there_is_a_matmul_to_keep(tmp
     ]
     assert remedies(**plain, sensitiveMatMuls="2")[0] == "keep-sensitive"
     assert remedies(**plain)[0] == "keep-sensitive"  # an artifact built before the count was recorded
+
+
+def test_openvino_tries_accuracy_control_first_where_int8_weights_would_compute_in_fp32(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """int8 weights-only quantizes activations on the fly for MatMuls alone; a convolution computes
+    in the float precision, fp32 on a CPU without fast bf16. There a convolutional graph's weights-only
+    build runs at fp32's speed (NudeNet's YOLOv8n with floatPrecision fp32: 8.94 ms against fp32's
+    8.76), and it would end the climb before accuracy control's mostly-int8 build (4.93 ms, every
+    detection kept), so accuracy control goes first."""
+    ov = pytest.importorskip("openvino")
+    from pathlib import Path
+
+    import onnx
+
+    from kompile.compile_jobs.backends import openvino
+    from kompile.compile_jobs.backends.base import CompiledArtifact
+
+    path = tmp_path / "head.onnx"
+    onnx.save(
+        onnx.helper.make_model(_yolo_head(), opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path)
+    )  # type: ignore[arg-type]
+    assert openvino.matmul_weight_share(ov.convert_model(str(path))) == 0.0
+
+    def remedies(fast_bf16: bool, **options: str) -> list[str]:
+        monkeypatch.setattr(openvino, "has_fast_bf16", lambda: fast_bf16)
+        artifact = CompiledArtifact(backend="openvino", model_path=Path("model.xml"), options=options)
+        return [r.name for r in openvino.BACKEND.remedies(artifact)]
+
+    conv = {
+        "quantization": "nncf-ptq",
+        "graph": "other",
+        "sensitiveMatMuls": "0",
+        "matmulWeightShare": "0.00",
+    }
+    slow_first = ["accuracy-control", "weights-only", "weights-only-fine"]
+    assert remedies(False, **conv) == slow_first
+    assert remedies(True, **conv) == ["weights-only", "weights-only-fine", "accuracy-control"]
+    # The failed build's float layers ran at f32 (floatPrecision fp32 asked for on a bf16 CPU).
+    assert remedies(True, **conv, **{"runtime.INFERENCE_PRECISION_HINT": "f32"}) == slow_first
+    assert remedies(False, **conv, **{"runtime.INFERENCE_PRECISION_HINT": "bf16"})[0] == "weights-only"
+    # MatMul weights (an MLP, a transformer): their activations go int8 on the fly, weights-only first.
+    mlp = {**conv, "sensitiveMatMuls": "2", "matmulWeightShare": "0.90"}
+    assert remedies(False, **mlp) == [
+        "keep-sensitive",
+        "weights-only",
+        "weights-only-fine",
+        "accuracy-control",
+    ]
+    unknown = {k: v for k, v in conv.items() if k != "matmulWeightShare"}  # built before it was recorded
+    assert remedies(False, **unknown)[0] == "weights-only"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kompile.api.spec import Tolerances
-from kompile.compile_jobs.validate import compare, default_thresholds, resolve_thresholds
+from kompile.compile_jobs.validate import compare, default_thresholds, headroom, resolve_thresholds
 
 Array = np.ndarray[Any, Any]
 
@@ -556,3 +556,25 @@ def test_an_empty_output_has_no_slices_to_lose() -> None:
     empty = [[np.zeros((1, 0, 6), dtype=np.float32)]]
     res = compare(empty, [[np.zeros((1, 0, 6), dtype=np.float32)]], ["boxes"], default_thresholds("int8"))
     assert res.passed, res.failures
+
+
+def test_headroom_is_the_share_of_the_gates_room_left_at_the_nearest_limit() -> None:
+    """What NNCF accuracy control tunes on: 1 for the source's own outputs, 0 at a limit, below 0
+    past it, and -1 for a failure no room measures."""
+    int8 = default_thresholds("int8")  # cosine 0.99: a room of 0.01
+    ref = [[np.array([[1.0, 0.0]])]]
+
+    def room(off: float) -> float:
+        return headroom(compare(ref, [[np.array([[1.0, off]])]], ["y"], int8, task="none"))
+
+    assert room(0.0) == pytest.approx(1.0)
+    cosine = 1 / np.sqrt(1 + 0.05**2)  # 0.99875: an eighth of the room spent
+    assert room(0.05) == pytest.approx((cosine - 0.99) / 0.01)
+    assert room(0.2) < 0  # cosine 0.981, past the limit
+    nan = compare(ref, [[np.array([[np.nan, 0.0]])]], ["y"], int8, task="none")
+    assert headroom(nan) == -1.0
+    # Integer outputs: the share of values equal, against int8's 0.9; at fp32 all must be, no room.
+    ids, off = [[np.array([[1, 2, 3]])]], [[np.array([[1, 2, 4]])]]
+    assert headroom(compare(ids, ids, ["ids"], int8)) == 1.0
+    assert headroom(compare(ids, off, ["ids"], int8)) == pytest.approx((2 / 3 - 0.9) / 0.1)
+    assert headroom(compare(ids, off, ["ids"], default_thresholds("fp32"))) == -1.0

@@ -44,8 +44,8 @@ class OpenVinoOptions(BackendOptions):
     accuracy_control: Flag = Field(
         default=False,
         description="int8: NNCF's quantization with accuracy control: each quantized layer's effect "
-        "on the reference outputs is measured and the most harmful go back to float until the cosine "
-        "gate holds.",
+        "on the gate's verdict (cosine, top-k, under task detection the detections) is measured and "
+        "the most harmful go back to float until a fifth of the gate's room is left.",
     )
     float_precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
