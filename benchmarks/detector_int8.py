@@ -12,6 +12,14 @@ NNCF int8. Each artifact's detections are decoded (score > 0.25, NMS 0.45) and m
 source's (same class, IoU > 0.5). Then a `precision: auto` target on every backend: what kompile
 selects by itself, the climb and its wall time.
 
+OpenVINO's int8 with NNCF accuracy control (`accuracyControl: "true"`) tunes on the gate's own
+verdict (kompile.compile_jobs.validate.headroom), the detections included under task detection.
+
+`--emulate-no-bf16` runs OpenVINO as on an AVX-512 VNNI CPU without bf16 or AMX (oneDNN's
+ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI, which OpenVINO's CPU plugin obeys, and kompile told the CPU
+lacks bf16): the ladder and the float layers' precision follow. ONNX Runtime's kernels (MLAS) do not
+read that variable: its figures stay this CPU's own. Only on a CPU with AVX-512 BF16 or AMX.
+
 `--task detection` (the default) validates with `spec.validation.task: detection`: the gate itself
 decodes and matches the detections (kompile.compile_jobs.detections), each candidate's agreement is
 printed and auto climbs on it; `--task auto` judges the raw output alone, as before.
@@ -48,7 +56,32 @@ CANDIDATES: list[dict[str, Any]] = [
     {**STATIC, "name": "onnxruntime-int8-keep-sensitive", "options": {"keepFloat": "sensitive"}},
     {"backend": "openvino", "precision": "fp32"},
     {"backend": "openvino", "precision": "int8"},
+    {
+        "backend": "openvino",
+        "precision": "int8",
+        "name": "openvino-int8-accuracy-control",
+        "options": {"accuracyControl": "true"},
+    },
 ]
+# oneDNN's ISA cap for --emulate-no-bf16: AVX-512 with VNNI, without bf16 or AMX.
+NO_BF16_ISA = "AVX512_CORE_VNNI"
+
+
+def emulate_no_bf16() -> str:
+    """Cap OpenVINO's oneDNN below bf16 and AMX, and tell kompile's CPU view the same; what is
+    emulated, for the report."""
+    import os
+
+    from kompile.compile_jobs import hardware
+
+    model, flags = hardware._cpuinfo()
+    if not set(hardware.BF16_FLAGS) & flags or "avx512_vnni" not in flags:
+        raise SystemExit("--emulate-no-bf16 needs a CPU with AVX-512 VNNI and bf16 (or AMX) to cap")
+    os.environ["ONEDNN_MAX_CPU_ISA"] = NO_BF16_ISA  # read when OpenVINO's CPU plugin first loads
+    capped = {f for f in flags if not f.startswith("amx") and f not in ("avx512_bf16", "avx512_fp16")}
+    hardware._cpuinfo = lambda: (model, capped)  # type: ignore[assignment]
+    hardware.local_cpu_class.cache_clear()
+    return f"OpenVINO capped at ONEDNN_MAX_CPU_ISA={NO_BF16_ISA}; kompile told: no bf16, no AMX"
 
 
 def run(doc: dict[str, Any], work: Path) -> tuple[Any, float]:
@@ -98,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--task", choices=["detection", "auto"], default="detection", help="spec.validation.task of both runs"
     )
+    p.add_argument(
+        "--emulate-no-bf16", action="store_true", help="OpenVINO as on AVX-512 VNNI without bf16 or AMX"
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    emulated = emulate_no_bf16() if args.emulate_no_bf16 else None
     photos = people_photos()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -116,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             "eager_p50_ms": round(target.eager_latency[0].p50_ms, 3) if target.eager_latency else None,
             "iterations": args.iterations,
             "task": args.task,
+            "emulated": emulated,
             "listed_wall_s": round(wall, 1),
             "selected": target.selection.winner if target.selection else None,
             "candidates": [
