@@ -79,6 +79,18 @@ def has_fast_bf16() -> bool:
     return any(f in _cpuinfo()[1] for f in BF16_FLAGS)
 
 
+# x86 flags of instructions that multiply u8 by s8 straight into int32 (VNNI, AMX). Without them
+# int8 kernels add each pair of products in int16 first (vpmaddubsw), which saturates where 8-bit
+# weights meet large activations.
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def int8_pairs_saturate() -> bool:
+    """Whether this CPU's u8 x s8 kernels add product pairs in int16 (x86 without VNNI): ONNX
+    Runtime's int8 then drifts from the quantized model's own math unless weights keep 7 bits."""
+    return local_arch() == "amd64" and not any(f in _cpuinfo()[1] for f in VNNI_FLAGS)
+
+
 def cpu_description() -> str:
     """The CPU model and the ISA features that shape its figures, e.g. 'AMD EPYC (avx2, avx512f)'."""
     model, flags = _cpuinfo()

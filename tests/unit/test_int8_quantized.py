@@ -147,3 +147,69 @@ def test_the_dynamic_quantizers_untyped_tensor_dumps_are_held_back(
     out = _dynamic(src, tmp_path)
     require_quantized(src, out, "dynamic")  # its main-graph Convs are quantized
     assert "Inference failed" not in caplog.text and "elem_type" not in caplog.text, caplog.text
+
+
+def _conv(path: Path) -> Path:
+    """One Conv by a constant weight: what static int8 quantizes per channel."""
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+    flat = helper.make_node("Flatten", ["c"], ["y"])
+    _save(path, [conv, flat], [_weight("w", 4, 3, 3, 3)], x=[1, 3, 8, 8])
+    model = onnx.load(str(path))
+    model.ir_version = 9  # what ONNX Runtime's pre-processing session loads
+    onnx.save(model, str(path))
+    return path
+
+
+def _told_cpu(monkeypatch: pytest.MonkeyPatch, flags: set[str]) -> None:
+    """The CPU kompile reads, stood in for: an x86 machine with these flags."""
+    from kompile.compile_jobs import hardware
+
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("stand-in CPU", flags))
+    monkeypatch.setattr(hardware, "local_arch", lambda: "amd64")
+
+
+@pytest.mark.parametrize(
+    ("flags", "bits"),
+    [
+        ({"avx2", "fma"}, 7),
+        ({"avx2", "avx512f"}, 7),
+        ({"avx2", "avx_vnni"}, 8),
+        ({"avx512f", "avx512_vnni"}, 8),
+    ],
+)
+def test_static_int8_keeps_weights_to_7_bits_where_the_cpu_has_no_vnni(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: set[str], bits: int
+) -> None:
+    """Without VNNI, x86 int8 kernels add u8 x s8 product pairs in int16 (vpmaddubsw), which 8-bit
+    weights saturate; reduceRange auto keeps them to 7 bits there and to 8 elsewhere."""
+    _told_cpu(monkeypatch, flags)
+    src = _conv(tmp_path / "conv.onnx")
+    feeds = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    request = SimpleNamespace(calibration=feeds, calibration_at_sizes=feeds, sized_inputs=[])
+    record: dict[str, str] = {}
+    out = quantize_static(src, ["x"], tmp_path, request, OnnxRuntimeOptions(), record, external=False)  # type: ignore[arg-type]
+    weights = [
+        numpy_helper.to_array(t)
+        for t in onnx.load(str(out)).graph.initializer
+        if t.data_type == TensorProto.INT8
+    ]
+    widest = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert record["reduceRange"] == ("true" if bits == 7 else "false")
+    assert widest <= 64 if bits == 7 else widest == 127, widest
+
+
+def test_reduce_range_named_overrides_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _told_cpu(monkeypatch, {"avx2"})
+    src = _conv(tmp_path / "conv.onnx")
+    feeds = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)}]
+    request = SimpleNamespace(calibration=feeds, calibration_at_sizes=feeds, sized_inputs=[])
+    record: dict[str, str] = {}
+    opts = OnnxRuntimeOptions.model_validate({"reduceRange": "false"})
+    quantize_static(src, ["x"], tmp_path, request, opts, record, external=False)  # type: ignore[arg-type]
+    assert record["reduceRange"] == "false"
+    # dynamic int8 stays 8-bit under auto (7-bit per-tensor weights cost real MiniLM more)
+    dyn: dict[str, str] = {}
+    quantize_dynamic(
+        _matmul(tmp_path / "mm.onnx"), tmp_path / "q.onnx", OnnxRuntimeOptions(), dyn, external=False
+    )
+    assert dyn["reduceRange"] == "false"

@@ -40,7 +40,11 @@ class OnnxRuntimeOptions(BackendOptions):
     per_channel: Literal["auto", "true", "false"] = Field(
         default="auto", description="Per-channel weight scales; auto: static true, dynamic false."
     )
-    reduce_range: Flag = Field(default=False, description="7-bit weights (older CPUs without VNNI).")
+    reduce_range: Literal["auto", "true", "false"] = Field(
+        default="auto",
+        description="7-bit weights; auto: static int8 on an x86 CPU without VNNI (its int8 kernels "
+        "saturate on 8-bit weights), else 8-bit.",
+    )
     quant_format: Literal["qdq", "qoperator"] = Field(
         default="qdq", description="Static quantization format; dynamic is always QOperator."
     )

@@ -9,8 +9,10 @@ Steps, each recorded in the artifact's options (defaults chosen by measurement o
   is fused through onnxscript's rules first (kompile.compile_jobs.sdpa_fusion; fp32 only);
 - int8 `dynamic` quantizes the weights of the fused graph (QAttention, DynamicQuantizeMatMul);
   `static` calibrates activation ranges on the reference inputs and inserts QDQ pairs with
-  per-channel weights; unset: dynamic for transformers, static for everything else (ConvInteger,
-  what dynamic makes of a convolution, ran 4x slower than fp32 on ResNet-50);
+  per-channel weights, 7-bit on an x86 CPU without VNNI (`reduceRange` auto: there the int8
+  kernels add product pairs in int16 and 8-bit weights saturate them); unset: dynamic for
+  transformers, static for everything else (ConvInteger, what dynamic makes of a convolution, ran
+  4x slower than fp32 on ResNet-50);
 - an InferenceSession applies its graph optimizations and saves the result at `optLevel`, default
   extended: `all` adds NCHWc layouts sized for this CPU's vector width and was no faster once the
   runner, which loads at `all`, redoes them on the node that serves (loading at extended instead
@@ -36,6 +38,7 @@ from onnx import numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from kompile.api.catalog.onnxruntime import OnnxRuntimeOptions
+from kompile.compile_jobs import hardware
 from kompile.compile_jobs.backends.base import (
     Backend,
     BackendError,
@@ -324,6 +327,9 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
     per_channel = opts.per_channel == "true"  # auto: per-tensor, measured as fast and as close on BERT
+    # auto: 8-bit. Per-tensor 7-bit weights cost real MiniLM far more than saturation does (AVX2:
+    # worst cosine 0.71 against 0.93, benchmarks/int8_saturation.py).
+    reduce_range = opts.reduce_range == "true"
     op_types = sorted(set(IntegerOpsRegistry) - _DYNAMIC_SKIP_OPS)
     extra = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
     with _without_quantizer_noise():
@@ -333,7 +339,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
                 str(dst),
                 op_types_to_quantize=op_types,
                 per_channel=per_channel,
-                reduce_range=opts.reduce_range,
+                reduce_range=reduce_range,
                 weight_type=QuantType.QInt8,
                 extra_options=extra,
                 use_external_data_format=external,
@@ -343,7 +349,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
                 f"dynamic int8 quantization of {src} failed: {first_line(err)}; try quantization: static"
             ) from err
     record.update(quantization="dynamic", quantFormat="qoperator", weightType="int8", activationType="uint8")
-    record.update(perChannel=str(per_channel).lower(), reduceRange=str(opts.reduce_range).lower())
+    record.update(perChannel=str(per_channel).lower(), reduceRange=str(reduce_range).lower())
     return dst
 
 
@@ -391,6 +397,16 @@ def _view(graph: onnx.GraphProto) -> GraphView[onnx.NodeProto]:
     )
 
 
+def static_reduce_range(opts: OnnxRuntimeOptions) -> bool:
+    """Whether static int8 keeps its weights to 7 bits. auto: where the CPU's int8 kernels add
+    product pairs in int16 (x86 without VNNI). There 8-bit weights saturate them: real MobileNetV2's
+    worst cosine to fp32 fell to 0.76 where its quantized math keeps 0.94; with 7 bits the kernels
+    match that math (0.92 both), at the same kernels' speed (benchmarks/int8_saturation.py)."""
+    if opts.reduce_range == "auto":
+        return hardware.int8_pairs_saturate()
+    return opts.reduce_range == "true"
+
+
 def quantize_static(
     src: Path,
     inputs: list[str],
@@ -413,6 +429,7 @@ def quantize_static(
     per_channel = opts.per_channel != "false"
     method = next(m for m in CalibrationMethod if m.name.lower() == opts.calibration_method)
     symmetric = opts.activation_type == "int8"
+    reduce_range = static_reduce_range(opts)
     with _without_quantizer_noise():
         try:
             quant_pre_process(str(src), str(pre), auto_merge=True, save_as_external_data=external)
@@ -438,7 +455,7 @@ def quantize_static(
                 FeedReader(req.calibration_at_sizes, inputs),
                 quant_format=QuantFormat.QDQ if opts.quant_format == "qdq" else QuantFormat.QOperator,
                 per_channel=per_channel,
-                reduce_range=opts.reduce_range,
+                reduce_range=reduce_range,
                 activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=method,
@@ -455,7 +472,8 @@ def quantize_static(
                 f"static int8 quantization of {src} failed: {first_line(err)}; try quantization: dynamic"
             ) from err
     wire = opts.record()
-    record.update({k: wire[k] for k in ("quantFormat", "activationType", "reduceRange", "calibrationMethod")})
+    record.update({k: wire[k] for k in ("quantFormat", "activationType", "calibrationMethod")})
+    record["reduceRange"] = str(reduce_range).lower()
     record.update(quantization="static", weightType="int8", perChannel=str(per_channel).lower())
     record["calibrationSamples"] = str(len(req.calibration))
     if req.sized_inputs:
