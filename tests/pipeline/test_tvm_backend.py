@@ -286,10 +286,11 @@ def test_tuning_writes_the_shared_database_a_second_model_reuses_it_and_a_third_
     assert 0 < verified <= int(s["tuningTasksFromDatabase"]) and 0 <= changed <= verified
     assert float(s["tuningVerifySavedMs"]) >= 0 and float(s["tuningVerifySeconds"]) > 0
     # Then each of those kernels' two fastest here were compared in the model (tvm_inmodel,
-    # tuningInModel 2): two builds run interleaved, every kernel call timed. Every contested
-    # kernel was found among the builds' calls by its name; the .so validated above holds, for each,
-    # the record whose calls took least time there.
-    assert s["tuningInModelVariants"] == "2" and int(s["tuningInModelKernels"]) == verified
+    # tuningInModel 2): two builds run interleaved, every kernel call timed; the .so validated above
+    # holds, for each, the record whose calls took least time there. A kernel the build runs once at
+    # load is not among main's calls and keeps its re-measured best: on an AVX2 EPYC one weight layout
+    # transform was contested and prepacked (4 of 5 compared; 5 of 5 on AVX-512 machines).
+    assert s["tuningInModelVariants"] == "2" and 0 < int(s["tuningInModelKernels"]) <= verified
     assert 0 <= int(s["tuningInModelChanged"]) <= verified and float(s["tuningInModelSeconds"]) > 0
 
     # tuningScope all: the first model again, every task in the database already; the budget goes to
