@@ -10,7 +10,8 @@ keeps weights to 7 bits, which cannot saturate there. For each model and weight 
   pair as float math (what the quantized model means, whatever the CPU);
 - `kernels_vs_math_worst_cosine`: the two against each other: below 1 by rounding on every CPU, far
   below where the kernels saturate;
-- p50 latency (batch 1) with its spread, interleaved with fp32 in the same rounds;
+- p50 latency (batch 1) with p90/p99, interleaved with fp32 in the same rounds by the pipeline's
+  own timer (a pause before each timed call, so no session's spinning pool steals the cores);
 - `kompile_auto`: the width kompile's `reduceRange: auto` picks on this CPU.
 
 Static int8 (QDQ, per-channel, the pipeline's own quantize_static) for the CNNs: MobileNetV2 with its
@@ -23,10 +24,8 @@ ImageNet weights on crops of real photos (examples/models/pretrained.py), ResNet
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +41,8 @@ from cpu_artifacts import emit_json, machine  # noqa: E402
 from kompile.api.catalog.onnxruntime import OnnxRuntimeOptions  # noqa: E402
 from kompile.compile_jobs import hardware  # noqa: E402
 from kompile.compile_jobs.backends.onnxruntime import quantize_dynamic, quantize_static  # noqa: E402
+from kompile.compile_jobs.benchmark import time_interleaved  # noqa: E402
+from kompile.compile_jobs.timing import PAUSE_S, SETTLE_CALLS  # noqa: E402
 
 Feeds = dict[str, np.ndarray]
 
@@ -120,27 +121,69 @@ def _quantize(src: Path, feeds: list[Feeds], mode: str, reduce_range: str, work:
     return out, record["reduceRange"]
 
 
-def _time(sessions: dict[str, Any], feed: Feeds, iterations: int, warmup: int) -> dict[str, dict[str, Any]]:
-    """Interleaved rounds: every variant once per round, so load drifts hit them alike."""
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for i in range(warmup + iterations):
-        for name, session in sessions.items():
-            start = time.perf_counter()
-            session.run(None, feed)
-            if i >= warmup:
-                times[name].append(1000 * (time.perf_counter() - start))
-    out = {}
-    for name, ms in times.items():
-        q = statistics.quantiles(ms, n=10)
-        out[name] = {
-            "p50_ms": round(statistics.median(ms), 3),
-            "p10_ms": round(q[0], 3),
-            "p90_ms": round(q[-1], 3),
+class _OpenVino:
+    """An OpenVINO compiled model behind the ONNX Runtime session's `run` the timer calls."""
+
+    def __init__(self, model: Any, threads: int) -> None:
+        import openvino as ov
+
+        config = {
+            "INFERENCE_PRECISION_HINT": "f32",
+            "INFERENCE_NUM_THREADS": str(threads),
+            "PERFORMANCE_HINT": "LATENCY",
         }
-    return out
+        self.compiled = ov.Core().compile_model(model, "CPU", config)
+
+    def run(self, _names: Any, feed: Feeds) -> list[np.ndarray]:
+        return [np.asarray(v) for v in self.compiled(feed).values()]
 
 
-def bench(name: str, work: Path, iterations: int, warmup: int, threads: int) -> dict[str, Any]:
+def _openvino(src: Path, feeds: list[Feeds], threads: int) -> dict[str, _OpenVino]:
+    """OpenVINO fp32, kompile's int8 (its backend's own NNCF call: overflow fix on the first layer)
+    and the same NNCF call with the fix off, which shows what the fix keeps on this CPU."""
+    import nncf
+    import openvino as ov
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+
+    from kompile.api.catalog.openvino import OpenVinoOptions
+    from kompile.compile_jobs.backends.openvino import nncf_on_stderr, quantize
+
+    request = SimpleNamespace(calibration=feeds, calibration_at_sizes=feeds, sized_inputs=[])
+    record: dict[str, str] = {}
+    with nncf_on_stderr():  # its progress bars go to stdout, where the JSON goes
+        kompile_int8 = quantize(ov.convert_model(str(src)), request, OpenVinoOptions(), record)  # type: ignore[arg-type]
+        no_fix = nncf.quantize(
+            ov.convert_model(str(src)),
+            nncf.Dataset(feeds),
+            preset=nncf.QuantizationPreset.PERFORMANCE,
+            subset_size=len(feeds),
+            advanced_parameters=AdvancedQuantizationParameters(overflow_fix=OverflowFix.DISABLE),
+        )
+    return {
+        "openvino-fp32": _OpenVino(ov.convert_model(str(src)), threads),
+        f"openvino-int8 (overflow fix: {record['overflowFix']}, kompile's)": _OpenVino(kompile_int8, threads),
+        "openvino-int8 (overflow fix: off)": _OpenVino(no_fix, threads),
+    }
+
+
+def _time(sessions: dict[str, Any], feed: Feeds, iterations: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """The pipeline's own timer: interleaved rounds in rotating order, so load drifts hit every
+    variant alike, with a pause before each timed call and one settling call (timing.PAUSE_S,
+    SETTLE_CALLS): each session keeps its own spinning thread pool, and without the pause the
+    previous session's spinning threads take the 2 cores from the one being timed (an earlier
+    version of this script timed back to back and read MobileNetV2's 7-bit int8 as 1.34x slower
+    than the 8-bit one; the kernels' own times were equal)."""
+    fns = {name: (lambda s=session: s.run(None, feed)) for name, session in sessions.items()}
+    stats = time_interleaved(fns, 1, warmup, iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS)
+    return {
+        name: {"p50_ms": round(st.p50_ms, 3), "p90_ms": round(st.p90_ms, 3), "p99_ms": round(st.p99_ms, 3)}
+        for name, st in stats.items()
+    }
+
+
+def bench(
+    name: str, work: Path, iterations: int, warmup: int, threads: int, openvino: bool = True
+) -> dict[str, Any]:
     model, feeds, mode = CASES[name](work)
     src = _export(model, feeds, work / f"{name}.onnx")
     fp32 = _session(src, True, threads)
@@ -164,6 +207,15 @@ def bench(name: str, work: Path, iterations: int, warmup: int, threads: int) -> 
                 np.mean([r.argmax() == g.argmax() for r, g in zip(reference, got, strict=True)])
             )
         sessions[width] = kernels
+    if mode == "static" and openvino:
+        for label, ov_session in _openvino(src, feeds, threads).items():
+            got = _outputs(ov_session, feeds)
+            variants[label] = {"worst_cosine": _worst(reference, got)} if "int8" in label else {}
+            if "int8" in label:
+                variants[label]["top1_agreement"] = float(
+                    np.mean([r.argmax() == g.argmax() for r, g in zip(reference, got, strict=True)])
+                )
+            sessions[label] = ov_session
     for key, figures in _time(sessions, feeds[0], iterations, warmup).items():
         variants.setdefault(key, {}).update(figures)
     auto_opts = OnnxRuntimeOptions()
@@ -188,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=40, help="timed rounds (each variant once a round)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-openvino", action="store_true", help="ONNX Runtime's variants only")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     report: dict[str, Any] = {
@@ -198,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            report["models"].append(bench(name, Path(tmp), args.iterations, args.warmup, args.threads))
+            report["models"].append(
+                bench(name, Path(tmp), args.iterations, args.warmup, args.threads, not args.no_openvino)
+            )
     emit_json(report, args.out)
     return 0
 
