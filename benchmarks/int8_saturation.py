@@ -40,7 +40,12 @@ from cpu_artifacts import emit_json, machine  # noqa: E402
 
 from kompile.api.catalog.onnxruntime import OnnxRuntimeOptions  # noqa: E402
 from kompile.compile_jobs import hardware  # noqa: E402
-from kompile.compile_jobs.backends.onnxruntime import quantize_dynamic, quantize_static  # noqa: E402
+from kompile.compile_jobs.backends.onnxruntime import (  # noqa: E402
+    dynamic_reduce_range,
+    quantize_dynamic,
+    quantize_static,
+    static_reduce_range,
+)
 from kompile.compile_jobs.benchmark import time_interleaved  # noqa: E402
 from kompile.compile_jobs.timing import PAUSE_S, SETTLE_CALLS  # noqa: E402
 
@@ -218,13 +223,8 @@ def bench(
             sessions[label] = ov_session
     for key, figures in _time(sessions, feeds[0], iterations, warmup).items():
         variants.setdefault(key, {}).update(figures)
-    auto_opts = OnnxRuntimeOptions()
-    if mode == "static":
-        from kompile.compile_jobs.backends.onnxruntime import static_reduce_range
-
-        auto = "7-bit" if static_reduce_range(auto_opts) else "8-bit"
-    else:
-        auto = "8-bit"  # dynamic int8 keeps 8 bits under auto
+    reduce_range = static_reduce_range if mode == "static" else dynamic_reduce_range
+    auto = "7-bit" if reduce_range(OnnxRuntimeOptions()) else "8-bit"
     return {
         "model": name,
         "quantization": mode,

@@ -327,9 +327,7 @@ def quantize_dynamic(src: Path, dst: Path, opts: OnnxRuntimeOptions, record: Opt
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
     per_channel = opts.per_channel == "true"  # auto: per-tensor, measured as fast and as close on BERT
-    # auto: 8-bit. Per-tensor 7-bit weights cost real MiniLM far more than saturation does (AVX2:
-    # worst cosine 0.71 against 0.93, benchmarks/int8_saturation.py).
-    reduce_range = opts.reduce_range == "true"
+    reduce_range = dynamic_reduce_range(opts)
     op_types = sorted(set(IntegerOpsRegistry) - _DYNAMIC_SKIP_OPS)
     extra = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
     with _without_quantizer_noise():
@@ -395,6 +393,13 @@ def _view(graph: onnx.GraphProto) -> GraphView[onnx.NodeProto]:
         consumers=lambda n: [c for o in n.output for c in consumers.get(o, [])],
         parents=lambda n: [producers[i] for i in n.input if i in producers],
     )
+
+
+def dynamic_reduce_range(opts: OnnxRuntimeOptions) -> bool:
+    """Whether dynamic int8 keeps its weights to 7 bits: only on request. Per-tensor 7-bit weights
+    cost real MiniLM far more than saturation does (AVX2 EPYC: worst cosine 0.71 against 0.95,
+    benchmarks/int8_saturation.py)."""
+    return opts.reduce_range == "true"
 
 
 def static_reduce_range(opts: OnnxRuntimeOptions) -> bool:
