@@ -5,8 +5,7 @@ EXAMPLE ?= examples/resnet50.yaml
 # printed; SEED=<n> repeats an order.
 SEED ?= $(shell date +%s)
 # Test files run on WORKERS pytest-xdist workers, each pinned to its share of the cores
-# (tests/conftest.py); a file's tests stay on one worker (their module fixtures compile once), and
-# files go out heaviest first by tests/file_seconds.json (tests/conftest.py), not by test count.
+# (tests/conftest.py); a file's tests stay on one worker (their module fixtures compile once).
 # WORKERS=0 runs them in this process, one after another.
 WORKERS ?= 2
 
@@ -29,7 +28,7 @@ test: setup
 	  $$v/bin/mypy && \
 	  $$v/bin/lint-imports && \
 	  echo "test order: pytest-randomly seed $(SEED) (again: make test SEED=$(SEED))" && \
-	  $$v/bin/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --randomly-seed=$(SEED) $(PYTEST_ARGS)
+	  $$v/bin/python -m pytest -q -n $(WORKERS) --dist loadfile --randomly-seed=$(SEED) $(PYTEST_ARGS)
 
 # Everything `make test` needs (venv, backend environments, control plane, S3 server, test tools),
 # built in three concurrent lanes (scripts/setup-all.sh); cached, so a warm run returns at once.

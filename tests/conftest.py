@@ -4,17 +4,14 @@ each test."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from devtools.file_seconds import heavy_first_key
 from kompile.compile_jobs.tvm_database import ROOT_ENV as TUNING_DB_ENV
 
 pytest_plugins = ["tests.support.fixtures"]
@@ -22,10 +19,6 @@ pytest_plugins = ["tests.support.fixtures"]
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_TRACKING_UTILS = "mlflow.tracking._tracking_service.utils"  # holds mlflow.set_tracking_uri's global
-# Seconds each test file took in a full run (devtools/file_seconds.py writes it) and the weight from
-# which a file counts as heavy: those run first, heaviest first.
-FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
-HEAVY_FILE_S = 100.0
 
 
 _RUN_FOLDERS: dict[str, str] = {}  # environment variable -> the folder this run made for it
@@ -61,19 +54,6 @@ def _pin_xdist_worker() -> None:
     share = len(cores) // workers
     if share >= 1:
         os.sched_setaffinity(0, cores[index * share : (index + 1) * share])
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Heavy files first, heaviest first; the others after them in pytest-randomly's order.
-
-    `make test` gives each xdist worker whole files (`--dist loadfile`, in collection order with
-    `--no-loadscope-reorder`). In a random order a heavy file drawn late kept one worker busy for
-    minutes after the other ran out of files; sent first, the light files fill in the ends. A stable
-    sort: each file's tests keep the seed's order (pytest-randomly shuffles before this hook)."""
-    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
-    key = heavy_first_key(seconds, HEAVY_FILE_S)
-    items.sort(key=lambda item: key(item.nodeid))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
