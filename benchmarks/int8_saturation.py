@@ -112,6 +112,10 @@ def _worst(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     )
 
 
+def _top1(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return float(np.mean([x.argmax() == y.argmax() for x, y in zip(a, b, strict=True)]))
+
+
 def _quantize(src: Path, feeds: list[Feeds], mode: str, reduce_range: str, work: Path) -> tuple[Path, str]:
     """The pipeline's own quantizer; the file and the width it used."""
     opts = OnnxRuntimeOptions.model_validate({"reduceRange": reduce_range})
@@ -208,17 +212,15 @@ def bench(
                 kernels_vs_math_worst_cosine=_worst(got, math),
             )
         if name != "minilm":
-            variants[width]["top1_agreement"] = float(
-                np.mean([r.argmax() == g.argmax() for r, g in zip(reference, got, strict=True)])
-            )
+            variants[width]["top1_agreement"] = _top1(reference, got)
         sessions[width] = kernels
     if mode == "static" and openvino:
         for label, ov_session in _openvino(src, feeds, threads).items():
-            got = _outputs(ov_session, feeds)
-            variants[label] = {"worst_cosine": _worst(reference, got)} if "int8" in label else {}
-            if "int8" in label:
-                variants[label]["top1_agreement"] = float(
-                    np.mean([r.argmax() == g.argmax() for r, g in zip(reference, got, strict=True)])
+            variants[label] = {}
+            if "int8" in label:  # fp32 is only timed
+                got = _outputs(ov_session, feeds)
+                variants[label].update(
+                    worst_cosine=_worst(reference, got), top1_agreement=_top1(reference, got)
                 )
             sessions[label] = ov_session
     for key, figures in _time(sessions, feeds[0], iterations, warmup).items():
