@@ -183,7 +183,9 @@ def _time(sessions: dict[str, Any], feed: Feeds, iterations: int, warmup: int) -
     version of this script timed back to back and read MobileNetV2's 7-bit int8 as 1.34x slower
     than the 8-bit one; the kernels' own times were equal)."""
     fns = {name: (lambda s=session: s.run(None, feed)) for name, session in sessions.items()}
-    stats = time_interleaved(fns, 1, warmup, iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS)
+    stats = time_interleaved(
+        fns, 1, warmup, iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS, until_idle=True
+    )
     return {
         name: {"p50_ms": round(st.p50_ms, 3), "p90_ms": round(st.p90_ms, 3), "p99_ms": round(st.p99_ms, 3)}
         for name, st in stats.items()

@@ -7,8 +7,9 @@ and the artifact a minute later on a shared, noisy machine measures the neighbou
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,70 @@ def foreign_cpu_seconds() -> float | None:
     busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
     own = os.times()
     return busy - own.user - own.system
+
+
+def process_family() -> list[int] | None:
+    """This process and its descendants (a backend's own environment runs its runtime in a child),
+    from the parent ids in /proc; None where /proc cannot tell (not Linux)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                # The parent id is the second field after the command name, which may hold spaces.
+                ppid = int(f.read().rsplit(")", 1)[1].split(maxsplit=2)[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended since it was listed
+        parents.setdefault(ppid, []).append(int(entry))
+    family, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        family.append(pid)
+        todo.extend(parents.get(pid, []))
+    return family
+
+
+def running_threads(pids: Sequence[int]) -> int:
+    """Threads of `pids` that are running now (state R: on a core or waiting for one), but the
+    caller's own. A runtime's pool spinning after its call shows here; a parked pool does not."""
+    me = (os.getpid(), str(threading.get_native_id()))
+    running = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # the child ended
+        for tid in tids:
+            if (pid, tid) == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                    running += f.read().rsplit(")", 1)[1].split(maxsplit=1)[0] == "R"
+            except (OSError, IndexError):
+                continue
+    return running
+
+
+def wait_until_idle(cap_s: float, family: Sequence[int] | None, step_s: float = 0.001) -> float:
+    """Sleep until no other thread of `family` (process_family) runs, at most `cap_s`; the seconds
+    waited. A runtime's workers spin after a call (measured on a 2-core EPYC: ONNX Runtime's pool
+    ~55 ms, torch's OpenMP ~8 ms, OpenVINO's under 1 ms), and a spinning pool takes cores from
+    whatever is timed next: waiting for it, rather than for a fixed pause, is fair to the next
+    runtime whichever came before, and waits no longer than the pool spins. No family: `cap_s`."""
+    if family is None:
+        time.sleep(cap_s)
+        return cap_s
+    start = time.perf_counter()
+    while True:
+        waited = time.perf_counter() - start
+        if waited >= cap_s or not running_threads(family):
+            return waited
+        time.sleep(min(step_s, cap_s - waited))
 
 
 @dataclass
@@ -122,6 +187,7 @@ def time_interleaved(
     quiet: QuietRounds | None = None,
     settle: int = 0,
     stability: Stability | None = None,
+    until_idle: bool = False,
 ) -> dict[str, LatencyStats]:
     """Time each fn over `iterations` rounds; every round calls each fn once, in rotating order.
 
@@ -134,10 +200,11 @@ def time_interleaved(
     spinning worker threads (ONNX Runtime's pool, OpenMP) go to sleep, so they do not steal
     cores from the next runtime and bias its figure; `settle` untimed calls right before each
     timed one wake this runtime's own pool, so every timed call sees the runtime in the steady
-    state a server keeps it in. `quiet` drops rounds that other processes disturbed; a whole
-    round goes, so every fn keeps the same rounds. `stability` keeps timing in windows until each
-    fn's figure settles (and marks those that never did); it replaces `iterations`. A fn that
-    returns SelfTimed is timed by its own measure.
+    state a server keeps it in. With `until_idle` the pause ends as soon as no other thread of this
+    process or its children runs (wait_until_idle), `pause_s` its bound. `quiet` drops rounds that
+    other processes disturbed; a whole round goes, so every fn keeps the same rounds. `stability`
+    keeps timing in windows until each fn's figure settles (and marks those that never did); it
+    replaces `iterations`. A fn that returns SelfTimed is timed by its own measure.
     """
     if iterations < 1:
         raise ValueError("iterations must be at least 1")
@@ -145,14 +212,15 @@ def time_interleaved(
     for name in names:
         for _ in range(warmup):
             fns[name]()
+    pause = _pause(pause_s, until_idle)
     if stability is not None:
-        return _time_until_stable(fns, names, batch_size, clock, pause_s, settle, stability)
+        return _time_until_stable(fns, names, batch_size, clock, pause, settle, stability)
     limit = quiet.max_foreign_cores if quiet else float("inf")
     probe = quiet.probe if quiet else _no_probe
     max_rounds = max(iterations, int(iterations * quiet.max_rounds_factor)) if quiet else iterations
     rounds: list[tuple[float, dict[str, int]]] = []  # (foreign cores during the round, latencies)
     for order in rotating_orders(names, max_rounds):
-        rounds.append(_timed_round(fns, order, clock, pause_s, settle, probe))
+        rounds.append(_timed_round(fns, order, clock, pause, settle, probe))
         if sum(1 for load, _ in rounds if load <= limit) >= iterations:
             break
     kept = sorted(rounds, key=lambda r: r[0])[:iterations]  # stable: no probe keeps them all, in order
@@ -166,7 +234,7 @@ def _time_until_stable(
     names: list[str],
     batch_size: int,
     clock: Clock,
-    pause_s: float,
+    pause: Callable[[], object],
     settle: int,
     s: Stability,
 ) -> dict[str, LatencyStats]:
@@ -189,7 +257,7 @@ def _time_until_stable(
         window: dict[str, list[int]] = {n: [] for n in names}
         loads = []
         for order in orders[start : start + s.window]:
-            load, durations = _timed_round(fns, order, clock, pause_s, settle, s.probe)
+            load, durations = _timed_round(fns, order, clock, pause, settle, s.probe)
             loads.append(load)
             for n in names:
                 window[n].append(durations[n])
@@ -210,11 +278,22 @@ def _no_probe() -> float | None:
     return None
 
 
+def _pause(pause_s: float, until_idle: bool) -> Callable[[], object]:
+    """What runs before each timed call: nothing, `pause_s` of sleep, or a wait for idle threads
+    bounded by it (the processes are listed once: runners start theirs when loaded, before timing)."""
+    if not pause_s:
+        return lambda: None
+    if not until_idle:
+        return lambda: time.sleep(pause_s)
+    family = process_family()
+    return lambda: wait_until_idle(pause_s, family)
+
+
 def _timed_round(
     fns: Mapping[str, Callable[[], object]],
     order: list[str],
     clock: Clock,
-    pause_s: float,
+    pause: Callable[[], object],
     settle: int,
     probe: Callable[[], float | None],
 ) -> tuple[float, dict[str, int]]:
@@ -222,8 +301,7 @@ def _timed_round(
     before, wall = probe(), time.perf_counter()
     durations: dict[str, int] = {}
     for name in order:
-        if pause_s:
-            time.sleep(pause_s)
+        pause()
         for _ in range(settle):
             fns[name]()
         start = clock()

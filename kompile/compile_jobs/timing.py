@@ -18,7 +18,9 @@ from kompile.compile_jobs.batch_check import BatchCheck, fail_at_other_sizes
 from kompile.compile_jobs.residency import UnloadedRunner
 from kompile.compile_jobs.user_code import first_line
 
-PAUSE_S = 0.05
+# Before each timed call the timer waits until the previous runtime's pool stops spinning (ONNX Runtime's
+# ~55 ms on a 2-core EPYC, OpenVINO's under 1 ms), at most PAUSE_S: benchmarks/idle_pause.py.
+PAUSE_S = 0.1
 SETTLE_CALLS = 1
 
 
@@ -157,7 +159,9 @@ def quick_speedups(
         return {}
     fns = {"eager": _reference_call(loaded, reference_runner, feed, cm)}
     fns |= {label: _runner_call(runner, feed) for label, runner in runners.items()}
-    stats = bench.time_interleaved(fns, batch, 2, PROBE_ROUNDS, pause_s=PAUSE_S, settle=SETTLE_CALLS)
+    stats = bench.time_interleaved(
+        fns, batch, 2, PROBE_ROUNDS, pause_s=PAUSE_S, settle=SETTLE_CALLS, until_idle=True
+    )
     return {label: stats["eager"].p50_ms / max(stats[label].p50_ms, 1e-9) for label in runners}
 
 
@@ -200,13 +204,20 @@ def _held(runner: Runner, stack: contextlib.ExitStack) -> Runner:
 
 
 def _round(cm: CompiledModel, fns: dict[str, Callable[[], object]], batch: int) -> dict[str, LatencyStats]:
-    # ONNX Runtime's and OpenMP's idle workers spin for 20-50 ms and slow whatever runs next:
-    # an idle pause before each timed call waits them out, and one untimed call right before
-    # it wakes the runtime's own pool, as a server under load keeps it (benchmarks/cpu_artifacts).
+    # ONNX Runtime's and OpenMP's idle workers spin after a call and slow whatever runs next: before
+    # each timed call the timer waits until they stop (benchmarks/idle_pause.py), and one untimed
+    # call right before it wakes the runtime's own pool, as a server under load keeps it.
     b = cm.spec.benchmark
     stability = bench.Stability.for_iterations(b.iterations, b.settle_tolerance, b.max_iterations)
     return bench.time_interleaved(
-        fns, batch, b.warmup, b.iterations, pause_s=PAUSE_S, settle=SETTLE_CALLS, stability=stability
+        fns,
+        batch,
+        b.warmup,
+        b.iterations,
+        pause_s=PAUSE_S,
+        settle=SETTLE_CALLS,
+        stability=stability,
+        until_idle=True,
     )
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
@@ -12,9 +15,12 @@ from kompile.compile_jobs.benchmark import (
     QuietRounds,
     foreign_cpu_seconds,
     latency_stats,
+    process_family,
     rotating_orders,
+    running_threads,
     set_threads,
     time_interleaved,
+    wait_until_idle,
 )
 
 
@@ -72,6 +78,70 @@ def test_pause_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
     stats = time_interleaved({"a": clock.fn([2.0] * 4, calls, "a")}, 1, 0, 4, clock=clock, pause_s=0.01)
     assert sleeps == [0.01] * 4
     assert stats["a"].p50_ms == pytest.approx(2.0)
+
+
+@pytest.fixture
+def spinner() -> Iterator[Callable[[float], subprocess.Popen[bytes]]]:
+    """A child process that keeps a core busy for `seconds`, as a runtime's pool spins after a call
+    in a backend's own environment."""
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(seconds: float) -> subprocess.Popen[bytes]:
+        code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+        child = subprocess.Popen([sys.executable, "-c", code])
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread states from Linux's /proc")
+def test_the_pause_lasts_while_a_child_spins_and_ends_when_it_stops(
+    spinner: Callable[[float], subprocess.Popen[bytes]],
+) -> None:
+    child = spinner(0.6)
+    time.sleep(0.1)  # started and spinning (its interpreter is up)
+    family = process_family()
+    assert family is not None and os.getpid() in family and child.pid in family
+    assert running_threads(family) >= 1
+    start = time.perf_counter()
+    waited = wait_until_idle(5.0, family)
+    assert child.poll() is not None or running_threads(family) == 0  # it ended or stopped spinning
+    assert 0.3 < waited < 2.0 and time.perf_counter() - start == pytest.approx(waited, abs=0.05)
+    # Nothing running now: the next pause is over at once, not after a fixed sleep.
+    assert wait_until_idle(5.0, process_family()) < 0.05
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread states from Linux's /proc")
+def test_the_pause_is_bounded_when_something_never_stops(
+    spinner: Callable[[float], subprocess.Popen[bytes]],
+) -> None:
+    spinner(30.0)
+    time.sleep(0.1)
+    start = time.perf_counter()
+    assert wait_until_idle(0.2, process_family()) == pytest.approx(0.2, abs=0.05)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_without_proc_the_pause_is_the_fixed_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr("kompile.compile_jobs.benchmark.time.sleep", sleeps.append)
+    assert wait_until_idle(0.05, None) == 0.05 and sleeps == [0.05]
+
+
+def test_until_idle_waits_before_each_timed_call_pause_s_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr("kompile.compile_jobs.benchmark.process_family", lambda: [os.getpid()])
+    monkeypatch.setattr(
+        "kompile.compile_jobs.benchmark.wait_until_idle", lambda cap, family: waits.append(cap) or 0.0
+    )
+    calls: list[str] = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in ("a", "b")}
+    time_interleaved(fns, 1, 0, 3, pause_s=0.1, until_idle=True)
+    assert waits == [0.1] * 6 and len(calls) == 6
 
 
 def test_disturbed_rounds_are_dropped_whole() -> None:
