@@ -411,13 +411,11 @@ def summary_table(cm: CompiledModel, status: CompiledModelStatus) -> Table:
     notes += _accuracy_notes(status)
     notes += _detection_notes(status)
     notes += [f"{t.name} did not try {n}" for t in status.targets for n in t.not_offered]
-    if _any_unstable(status):
-        notes.append(
-            f"~ never settled: the medians of consecutive timing windows differed by more than "
-            f"{cm.spec.benchmark.settle_tolerance:.0%}, or other processes kept more than half a core "
-            "busy (a busy machine); read those figures and speedups as unreliable"
-        )
+    if unsettled := _unsettled(status):
+        notes.append("~ never settled (read those figures and speedups as unreliable):")
+        notes += [f"  {name}: {why}" for name, why in unsettled]
     table.caption = "\n".join(notes)
+    table.caption_justify = "left"  # notes are sentences, some wrapped: read from the left edge
     return table
 
 
@@ -471,11 +469,12 @@ def _speedup(speedup: float | None, stable: bool | None) -> str:
     return f"~{speedup:.2f}x" if stable is False else f"{speedup:.2f}x"
 
 
-def _any_unstable(status: CompiledModelStatus) -> bool:
-    figures = [lat for b in status.baselines for lat in b.latency[:1]]
-    figures += [lat for t in status.targets for lat in t.latency[:1]]
-    figures += [lat for t in status.targets for c in t.candidates for lat in c.latency[:1]]
-    return any(f.stable is False for f in figures)
+def _unsettled(status: CompiledModelStatus) -> list[tuple[str, str]]:
+    """Each first-batch figure that never settled, by runtime name, with why (the table's `~`)."""
+    figures = [(b.name, lat) for b in status.baselines for lat in b.latency[:1]]
+    figures += [(t.name, lat) for t in status.targets for lat in t.latency[:1]]
+    figures += [(c.name, lat) for t in status.targets for c in t.candidates for lat in c.latency[:1]]
+    return [(name, f.unsettled or "no reason recorded") for name, f in figures if f.stable is False]
 
 
 def _candidate_row(c: CandidateStatus) -> list[str]:

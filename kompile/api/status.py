@@ -68,8 +68,15 @@ class LatencyStats(ApiModel):
     stable: bool | None = Field(
         default=None,
         description="False when the figure never settled: the medians of consecutive timing windows "
-        "kept differing by more than benchmark.settleTolerance, or other processes kept using more "
-        "than half a core meanwhile (a busy machine).",
+        "kept differing by more than benchmark.settleTolerance, other processes kept using more "
+        "than half a core meanwhile (a busy machine), or the calls ran at two speeds (p90 over twice "
+        "p50, or p50 over twice p10). `unsettled` says which.",
+    )
+    unsettled: str | None = Field(
+        default=None,
+        description="Why the figure never settled (stable false), each failed check in words with its "
+        "figures: how far the last windows' medians differed, the cores other processes kept busy, or "
+        "the two speeds the calls ran at.",
     )
     busy_cores: float | None = Field(
         default=None, description="CPU cores other processes used while this figure was timed (mean)."

@@ -155,11 +155,19 @@ class Stability:
 
 def settled(medians: list[float], tolerance: float, agree: int = 3) -> bool:
     """Whether the last `agree` window medians lie within `tolerance` of their mean."""
+    difference = window_difference(medians, agree)
+    return difference is not None and difference <= tolerance
+
+
+def window_difference(medians: list[float], agree: int = 3) -> float | None:
+    """How far apart the last `agree` window medians lie, relative to their mean (None: fewer windows)."""
     if len(medians) < agree:
-        return False
+        return None
     last = medians[-agree:]
     mean = sum(last) / agree
-    return max(last) == min(last) or (mean > 0 and (max(last) - min(last)) / mean <= tolerance)
+    if max(last) == min(last):
+        return 0.0
+    return (max(last) - min(last)) / mean if mean > 0 else float("inf")
 
 
 @dataclass
@@ -243,14 +251,25 @@ def _time_until_stable(
     busy: list[float] = []  # cores other processes used, per window
     orders = rotating_orders(names, s.max_rounds)
 
-    def stable(name: str) -> bool:
-        medians = [float(np.median(w[name])) for w in windows]
-        if not settled(medians, s.tolerance, s.agree) or max(busy[-s.agree :]) > s.max_busy_cores:
-            return False
+    def unsettled(name: str) -> str | None:
+        """Why `name`'s figure is not yet stable, each failed check in words (None: it is)."""
+        why = []
+        difference = window_difference([float(np.median(w[name])) for w in windows], s.agree)
+        if difference is None:
+            why.append(f"timed in fewer than {s.agree} windows")
+        elif difference > s.tolerance:
+            why.append(
+                f"its last {s.agree} windows' medians differed by {_percent(difference)} "
+                f"(settleTolerance {_percent(s.tolerance)})"
+            )
+        if busy and (most := max(busy[-s.agree :])) > s.max_busy_cores:
+            why.append(f"other processes kept {most:.2f} cores busy (a quiet machine: {s.max_busy_cores})")
         kept = np.asarray([d for w in windows[-s.agree :] for d in w[name]], dtype=np.float64)
-        p10, p50, p90 = np.percentile(kept, [10, 50, 90])
+        p10, p50, p90 = np.percentile(kept, [10, 50, 90]) / 1e6
         # Two speeds show at either end: a tail above the median, or a median far above the fast calls.
-        return bool(p90 <= (1 + s.max_spread) * p50 and p50 <= (1 + s.max_spread) * p10)
+        if p90 > (1 + s.max_spread) * p50 or p50 > (1 + s.max_spread) * p10:
+            why.append(f"its calls ran at two speeds (p10 {p10:.3g}, p50 {p50:.3g}, p90 {p90:.3g} ms)")
+        return "; ".join(why) or None
 
     while len(windows) * s.window + s.window <= s.max_rounds:
         start = len(windows) * s.window
@@ -263,15 +282,21 @@ def _time_until_stable(
                 window[n].append(durations[n])
         windows.append(window)
         busy.append(sum(loads) / len(loads))
-        if all(stable(n) for n in names):
+        if all(unsettled(n) is None for n in names):
             break
     out: dict[str, LatencyStats] = {}
     recent = busy[-s.agree :]
     for n in names:
         stats = latency_stats([d for w in windows[-s.agree :] for d in w[n]], batch_size)
-        update = {"stable": stable(n), "busy_cores": round(sum(recent) / len(recent), 3)}
+        why = unsettled(n)
+        update = {"stable": why is None, "unsettled": why, "busy_cores": round(sum(recent) / len(recent), 3)}
         out[n] = stats.model_copy(update=update)
     return out
+
+
+def _percent(fraction: float) -> str:
+    """0.1 -> '10%', 0.001 -> '0.1%', 0.07234 -> '7.23%'."""
+    return f"{fraction * 100:.3g}%"
 
 
 def _no_probe() -> float | None:

@@ -225,6 +225,9 @@ def test_figures_that_never_settle_are_marked_everywhere(kompile_run, write_mani
     by = _by_name(res.status["targets"])
     assert by["drifting"]["latency"][0]["stable"] is False and by["drifting"]["speedupStable"] is False
     assert by["drifting"]["latency"][0]["spread"] > 0
+    # ...saying which check failed, with its figures (the windows' medians, not the machine's load).
+    why = by["drifting"]["latency"][0]["unsettled"]
+    assert "windows' medians differed by" in why and "(settleTolerance 0.1%)" in why, why
     assert res.status["baselines"][0]["latency"][0]["p50Ms"] > 0
 
     from mlflow import MlflowClient
@@ -249,6 +252,7 @@ def test_figures_that_never_settle_are_marked_everywhere(kompile_run, write_mani
     row = next(line for line in text.splitlines() if "drifting" in line)
     assert "~" in row, row
     assert "never settled" in text and "CPU: " in text and "threads" in text
+    assert " ".join(f"drifting: {why}".split()) in " ".join(text.split()), text  # as wrapped to the width
 
 
 def test_precision_auto_climbs_the_ladder_and_remedies_stop_at_the_first_pass(

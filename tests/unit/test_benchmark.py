@@ -217,6 +217,13 @@ def test_timing_goes_on_until_figures_settle_and_marks_those_that_never_do() -> 
     stats = time_interleaved(fns, batch_size=1, warmup=0, iterations=10, clock=clock, stability=stability)
     assert calls.count("noisy") == 40  # it never settled: timed up to the bound
     assert stats["noisy"].stable is False
+    # Each check that failed is named with its figures: the windows disagree, and its calls run at
+    # the two speeds of the neighbour's phases.
+    assert stats["noisy"].unsettled == (
+        "its last 3 windows' medians differed by 100% (settleTolerance 10%); "
+        "its calls ran at two speeds (p10 1, p50 3, p90 3 ms)"
+    )
+    assert stats["steady"].unsettled is None and stats["late"].unsettled is None
     assert stats["steady"].stable is True and stats["steady"].p50_ms == pytest.approx(1.0)
     assert stats["steady"].spread == 0.0
     assert stats["late"].stable is True and stats["late"].p50_ms == pytest.approx(2.0)  # last two windows
@@ -250,6 +257,8 @@ def test_a_steadily_busy_machine_is_not_called_stable() -> None:
     stats = time_interleaved(fns, 1, 0, 6, clock=clock, stability=stability)
     assert stats["a"].stable is False and calls.count("a") == 12
     assert stats["a"].busy_cores is not None and stats["a"].busy_cores > 0.5
+    assert stats["a"].unsettled is not None and stats["a"].unsettled.startswith("other processes kept ")
+    assert stats["a"].unsettled.endswith(" cores busy (a quiet machine: 0.5)")
 
 
 def test_a_runtime_flipping_between_two_speeds_is_not_stable() -> None:
@@ -264,6 +273,7 @@ def test_a_runtime_flipping_between_two_speeds_is_not_stable() -> None:
     stability = replace(Stability.for_iterations(12, 0.1, 24), probe=lambda: None)
     stats = time_interleaved(fns, 1, 0, 12, clock=clock, stability=stability)
     assert stats["a"].p50_ms == 1.0 and stats["a"].p90_ms == 4.0 and stats["a"].stable is False
+    assert stats["a"].unsettled == "its calls ran at two speeds (p10 1, p50 1, p90 4 ms)"
 
 
 def test_a_runtime_mostly_in_its_slow_mode_is_not_stable_either() -> None:
@@ -278,3 +288,4 @@ def test_a_runtime_mostly_in_its_slow_mode_is_not_stable_either() -> None:
     stability = replace(Stability.for_iterations(12, 0.1, 24), probe=lambda: None)
     stats = time_interleaved(fns, 1, 0, 12, clock=clock, stability=stability)
     assert stats["a"].p50_ms == 4.0 and stats["a"].stable is False
+    assert stats["a"].unsettled == "its calls ran at two speeds (p10 0.4, p50 4, p90 4 ms)"
