@@ -153,12 +153,6 @@ class Stability:
         return cls(window, tolerance, max(3 * window, max_iterations or 4 * iterations))
 
 
-def settled(medians: list[float], tolerance: float, agree: int = 3) -> bool:
-    """Whether the last `agree` window medians lie within `tolerance` of their mean."""
-    difference = window_difference(medians, agree)
-    return difference is not None and difference <= tolerance
-
-
 def window_difference(medians: list[float], agree: int = 3) -> float | None:
     """How far apart the last `agree` window medians lie, relative to their mean (None: fewer windows)."""
     if len(medians) < agree:
