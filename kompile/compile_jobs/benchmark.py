@@ -72,9 +72,7 @@ def process_family() -> list[int] | None:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                # The parent id is the second field after the command name, which may hold spaces.
-                ppid = int(f.read().rsplit(")", 1)[1].split(maxsplit=2)[1])
+            ppid = int(_stat_fields(f"/proc/{entry}/stat")[1])  # state, then the parent id
         except (OSError, IndexError, ValueError):
             continue  # ended since it was listed
         parents.setdefault(ppid, []).append(int(entry))
@@ -100,11 +98,17 @@ def running_threads(pids: Sequence[int]) -> int:
             if (pid, tid) == me:
                 continue
             try:
-                with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as f:
-                    running += f.read().rsplit(")", 1)[1].split(maxsplit=1)[0] == "R"
+                running += _stat_fields(f"/proc/{pid}/task/{tid}/stat")[0] == "R"
             except (OSError, IndexError):
                 continue
     return running
+
+
+def _stat_fields(path: str) -> list[str]:
+    """A /proc stat line's fields after the command name (which may hold spaces and parentheses):
+    state first, then the parent id, ..."""
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read().rsplit(")", 1)[1].split()
 
 
 def wait_until_idle(cap_s: float, family: Sequence[int] | None, step_s: float = 0.001) -> float:
