@@ -28,7 +28,7 @@ test: setup
 	  $$v/bin/mypy && \
 	  $$v/bin/lint-imports && \
 	  echo "test order: pytest-randomly seed $(SEED) (again: make test SEED=$(SEED))" && \
-	  $$v/bin/python -m pytest -q -n $(WORKERS) --dist loadfile --randomly-seed=$(SEED) $(PYTEST_ARGS)
+	  $$v/bin/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --randomly-seed=$(SEED) $(PYTEST_ARGS)
 
 # Everything `make test` needs (venv, backend environments, control plane, S3 server, test tools),
 # built in three concurrent lanes (scripts/setup-all.sh); cached, so a warm run returns at once.
