@@ -98,7 +98,11 @@ def fleet(
 
 
 def manifest(name: str, **spec: Any) -> dict[str, Any]:
-    return small_cnn_manifest(name, **{"fleet": {"enabled": True, "precisions": ["fp32"]}, **spec})
+    """A fleet-mode CompiledModel whose CPU classes build with onnxruntime alone: these tests are about
+    the operator, and `auto`'s three real compiles on the local class took minutes per model on one core.
+    test_fleet_compiles_per_class_and_becomes_ready passes its own `fleet` and keeps `auto`."""
+    fleet = {"enabled": True, "precisions": ["fp32"], "cpuBackend": "onnxruntime"}
+    return small_cnn_manifest(name, **{"fleet": fleet, **spec})
 
 
 def get(f: dict[str, Any], name: str) -> dict[str, Any]:
@@ -293,6 +297,8 @@ def test_argocd_health_on_documents_the_operator_wrote(
     fresh = manifest("fresh")
     fleet["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, fresh)
     assert health(get(fleet, "fresh"))[0] == "Progressing"
+    # Its compile would go on beside the next tests on the one local core.
+    fleet["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "fresh")
 
 
 def test_a_new_hardware_class_joining_gets_its_compile(fleet: dict[str, Any]) -> None:

@@ -79,7 +79,10 @@ def operator(rt: dict[str, Any]) -> Iterator[Callable[[str], OperatorProcess]]:
 
 
 def manifest(name: str, **extra: Any) -> dict[str, Any]:
-    doc = small_cnn_manifest(name, NS, fleet={"enabled": True, "precisions": ["fp32"]})
+    # One CPU backend: these tests are about the operator's process, not the pick among compilers
+    # (the local class's real compile then takes seconds, not the minutes `auto`'s three took on one core).
+    fleet = {"enabled": True, "precisions": ["fp32"], "cpuBackend": "onnxruntime"}
+    doc = small_cnn_manifest(name, NS, fleet=fleet)
     doc["metadata"].update(extra)
     return doc
 
