@@ -39,19 +39,21 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[env] = _RUN_FOLDERS[env]
 
 
-# The files whose tests take minutes, heaviest first (seconds each took in a cold `make test` on 2
-# cores, AVX2 AMD EPYC, 2026-12-07, summed from `--durations`). `make test` hands files to its two
-# workers in collection order (`--no-loadscope-reorder`; xdist's default orders them by how many
-# tests they hold): these go first, so that no worker is left running one of them alone at the end
-# while the other waits. The rest keep pytest-randomly's order, and each file's tests theirs.
+# The files whose tests take minutes, heaviest first (seconds each took in a warm `make test` on 2
+# cores, AVX2 AMD EPYC, 2026-12-07: setup, call and teardown summed from `--durations=0`; the
+# command is in docs/development.md). `make test` hands files to its two workers in collection order
+# (`--no-loadscope-reorder`; xdist's default orders them by how many tests they hold): these go
+# first, so that no worker is left running one of them alone at the end while the other waits. The
+# rest keep pytest-randomly's order, and each file's tests theirs.
 LONG_FILES = (
-    "tests/pipeline/test_tvm_backend.py",  # 877 s
-    "tests/integration/test_operator.py",  # 500 s
-    "tests/pipeline/test_pretrained.py",  # 323 s
-    "tests/integration/test_chaos.py",  # 258 s
-    "tests/integration/test_registry_e2e.py",  # 191 s
-    "tests/pipeline/test_detector_int8.py",  # 170 s
-    "tests/integration/test_operator_runtime.py",  # 154 s
+    "tests/pipeline/test_tvm_backend.py",  # 866 s
+    "tests/pipeline/test_pretrained.py",  # 422 s
+    "tests/integration/test_chaos.py",  # 275 s
+    "tests/integration/test_operator.py",  # 251 s
+    "tests/pipeline/test_huggingface_folder.py",  # 159 s
+    "tests/pipeline/test_detector_int8.py",  # 135 s
+    "tests/pipeline/test_pt2_sources.py",  # 133 s
+    "tests/integration/test_registry_e2e.py",  # 129 s
 )
 
 
