@@ -97,6 +97,13 @@ def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def operator_fleet() -> dict[str, Any]:
+    """spec.fleet for tests about the operator rather than the pick among compilers: CPU classes build
+    with onnxruntime alone (`auto`'s three real compiles on the local node took minutes per model on
+    its worker's one core)."""
+    return {"enabled": True, "precisions": ["fp32"], "cpuBackend": "onnxruntime"}
+
+
 def small_cnn_manifest(name: str, namespace: str | None = None, **spec: Any) -> dict[str, Any]:
     """A CompiledModel of the small example CNN with quick validation and benchmark settings;
     `spec` adds or overrides fields (targets, fleet, registry, rollout...)."""

@@ -32,6 +32,7 @@ from tests.integration.fleet import (
     OperatorProcess,
     gpu_target,
     kwok_node,
+    operator_fleet,
     small_cnn_manifest,
     succeed_and_publish,
     wait_for,
@@ -98,11 +99,9 @@ def fleet(
 
 
 def manifest(name: str, **spec: Any) -> dict[str, Any]:
-    """A fleet-mode CompiledModel whose CPU classes build with onnxruntime alone: these tests are about
-    the operator, and `auto`'s three real compiles on the local class took minutes per model on one core.
+    """A fleet-mode CompiledModel built with one CPU backend (operator_fleet);
     test_fleet_compiles_per_class_and_becomes_ready passes its own `fleet` and keeps `auto`."""
-    fleet = {"enabled": True, "precisions": ["fp32"], "cpuBackend": "onnxruntime"}
-    return small_cnn_manifest(name, **{"fleet": fleet, **spec})
+    return small_cnn_manifest(name, **{"fleet": operator_fleet(), **spec})
 
 
 def get(f: dict[str, Any], name: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from tests.integration.fleet import (
     CLASSES,
     KwokReporter,
     OperatorProcess,
+    operator_fleet,
     small_cnn_manifest,
     succeed_and_publish,
     wait_for,
@@ -79,10 +80,7 @@ def operator(rt: dict[str, Any]) -> Iterator[Callable[[str], OperatorProcess]]:
 
 
 def manifest(name: str, **extra: Any) -> dict[str, Any]:
-    # One CPU backend: these tests are about the operator's process, not the pick among compilers
-    # (the local class's real compile then takes seconds, not the minutes `auto`'s three took on one core).
-    fleet = {"enabled": True, "precisions": ["fp32"], "cpuBackend": "onnxruntime"}
-    doc = small_cnn_manifest(name, NS, fleet=fleet)
+    doc = small_cnn_manifest(name, NS, fleet=operator_fleet())
     doc["metadata"].update(extra)
     return doc
 
