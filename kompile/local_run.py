@@ -448,7 +448,11 @@ def _accuracy_notes(status: CompiledModelStatus) -> list[str]:
             continue
         if acc is not None and not rows:
             rows = [(t.backend, acc.accuracy, acc.drop)]
-        source = f" (source {acc.reference:.2f}% on {acc.labelled} labels)" if acc else ""
+        source = (
+            f" (source {acc.reference:.2f}% on {acc.labelled} labels, read from output {acc.output!r})"
+            if acc
+            else ""
+        )
         parts = ", ".join(
             f"{n} {a:.2f}% (drop {d:.2f})" for n, a, d in rows if a is not None and d is not None
         )

@@ -296,8 +296,9 @@ class Validation(ApiModel):
         default=None,
         max_length=253,
         description="Key of the dataset's integer class labels (one per sample, axis 0; class "
-        "indices from 0): task accuracy of the source and of each artifact is computed on them, "
-        "and the drop is gated by "
+        "indices from 0): task accuracy of the source and of each artifact is computed on them "
+        "(read from the output of class scores whose argmax the source's predictions match them on "
+        "most often: a net with several heads answers them with one), and the drop is gated by "
         "tolerances.maxAccuracyDrop (default: 1 point for int8, 0.5 for fp16/bf16, 0.1 for fp32).",
     )
     tolerances: Tolerances | None = Field(

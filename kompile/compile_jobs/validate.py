@@ -242,7 +242,13 @@ def _predictions(samples: Sequence[Sequence[Array]], j: int) -> Array:
 def _labelled_output(
     reference: Sequence[Sequence[Array]], output_names: Sequence[str], labels: Array
 ) -> tuple[int, int] | None:
-    """The first output that holds one row of class scores per label: its index and class count."""
+    """The output read as the labels' class scores, its index and class count. Of the outputs that
+    hold one row of scores per label and a class for every label, the one whose argmax the source's
+    predictions match the labels on most often (the first of equals): a model with several heads
+    (MTCNN's ONet: box offsets [N, 4], landmarks [N, 10], face probabilities [N, 2]) answers the
+    labels with one of them, and its first need not be it. Where none has a class for every label,
+    the first that fits the rows (labels_problem says what is wrong with the labels)."""
+    fitting: list[tuple[int, int]] = []
     for j in range(len(output_names)):
         shapes = {np.asarray(s[j]).shape for s in reference if j < len(s)}
         if len(shapes) != 1:
@@ -250,8 +256,11 @@ def _labelled_output(
         shape = shapes.pop()
         rows_per_sample = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         if shape and shape[-1] >= 2 and rows_per_sample * len(reference) == labels.size:
-            return j, int(shape[-1])
-    return None
+            fitting.append((j, int(shape[-1])))
+    covering = [(j, c) for j, c in fitting if labels.size and labels.min() >= 0 and labels.max() < c]
+    if not covering:
+        return fitting[0] if fitting else None
+    return max(covering, key=lambda found: float(np.mean(_predictions(reference, found[0]) == labels)))
 
 
 def labels_problem(

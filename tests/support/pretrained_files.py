@@ -47,3 +47,20 @@ def people_photos(size: int = 320) -> np.ndarray[Any, Any]:
             resized = torch.nn.functional.interpolate(crop[None], size=(size, size), mode="bilinear")
             samples.append(resized[0].numpy())
     return np.stack(samples).astype(np.float32)
+
+
+def lfw_faces(size: int = 48) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """scikit-image's subset of Labeled Faces in the Wild (skimage/data/lfw_subset.npy: 100 faces,
+    then 100 patches that are not faces, 25 x 25 grey) resized to size x size and scaled as MTCNN
+    feeds its nets ((pixel - 127.5) / 128, three equal channels): [200, 3, size, size], and the
+    labels, 1 for a face."""
+    from PIL import Image
+
+    grey = np.load(_package_dir("skimage") / "data" / "lfw_subset.npy")
+    resized = [
+        np.asarray(Image.fromarray((g * 255).astype(np.uint8)).resize((size, size), Image.BILINEAR))
+        for g in grey
+    ]
+    images = ((np.stack(resized).astype(np.float32) - 127.5) / 128)[:, None].repeat(3, axis=1)
+    labels = np.array([1] * 100 + [0] * (len(grey) - 100), dtype=np.int64)
+    return images, labels

@@ -212,6 +212,37 @@ def test_labels_outside_the_classes_are_the_datasets_to_fix() -> None:
     assert said is not None and "no output holds one row of class scores per label (2 labels)" in said
 
 
+def _heads(predictions: list[int], seed: int) -> list[list[Array]]:
+    """A face net's three heads per sample, as MTCNN's ONet returns them: box offsets [1, 4],
+    landmarks [1, 10] (regressions whose argmax means nothing) and face probabilities [1, 2]."""
+    rng = np.random.default_rng(seed)
+    return [
+        [rng.normal(size=(1, 4)).astype(np.float32), rng.normal(size=(1, 10)).astype(np.float32), probs[0]]
+        for probs in _scores(predictions, classes=2)
+    ]
+
+
+def test_labels_are_read_from_the_head_that_predicts_them() -> None:
+    """Found by running MTCNN's ONet (facenet-pytorch's weights) on LFW faces and non-faces with
+    labels: the first output with a row per label was read, its box offsets, whose argmax met the
+    labels 11% of the time where its face probabilities met them 100%; the gate then judged each
+    artifact's drift in box offsets as an accuracy drop."""
+    labels = np.array([1, 1, 1, 0, 0, 0, 1, 0])
+    reference = _heads(list(labels), seed=0)
+    candidate = [[box + 0.3, marks, probs] for box, marks, probs in _heads(list(labels), seed=1)]
+    names = ["boxes", "landmarks", "probs"]
+    verdict = compare(reference, candidate, names, default_thresholds("int8"), labels=labels)
+    acc = verdict.task_accuracy
+    assert acc is not None and acc.output == "probs", acc
+    assert (acc.reference, acc.accuracy, acc.drop) == (100.0, 100.0, 0.0)
+    assert not any("accuracy" in f for f in verdict.failures), verdict.failures
+    # A head without a class for every label is not read: labels 0..4 fit landmarks' 10 columns only.
+    wide = np.array([4, 3, 1, 0, 2, 0, 1, 4])
+    assert compare(
+        reference, reference, names, default_thresholds("fp32"), labels=wide
+    ).task_accuracy.output == ("landmarks")
+
+
 def test_accuracy_drop_defaults_by_precision() -> None:
     drops = [default_thresholds(p).max_accuracy_drop for p in ("fp32", "bf16", "fp16", "int8")]
     assert drops == [0.1, 0.5, 0.5, 1.0]
