@@ -204,6 +204,34 @@ def test_bf16_only_where_the_cpu_computes_it(cnn: tuple[Path, list[Feeds]], tmp_
             _build(cnn, tmp_path, "bf16")
 
 
+def test_a_classifier_heads_softmax_is_not_attention(tmp_path: Path) -> None:
+    """Found by running MTCNN's ONet (facenet-pytorch's weights): convolutions, then four Linear
+    layers and a softmax over face / not face, read as a transformer (a softmax beside two MatMuls),
+    so its failed int8 took NNCF's transformer mode first. Attention's softmax feeds the MatMul
+    with the values; a head's feeds the output."""
+    import openvino as ov
+
+    from kompile.compile_jobs.backends.openvino import is_transformer
+
+    head = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.PReLU(8),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 10 * 10, 32),
+        torch.nn.PReLU(32),
+        torch.nn.Linear(32, 2),
+        torch.nn.Softmax(dim=1),
+    ).eval()
+    feed = {"x": np.zeros((1, 3, 12, 12), dtype=np.float32)}
+    path = torchscript_onnx(head, feed, tmp_path / "head.onnx", {"x": {0: "batch"}}, "probs")
+    core = ov.Core()
+    graph = core.read_model(str(path))
+    assert sum(op.get_type_name() == "MatMul" for op in graph.get_ops()) >= 2
+    assert not is_transformer(graph)
+    _, bert, _, _ = bert_tiny_case(tmp_path)
+    assert is_transformer(core.read_model(str(bert)))
+
+
 def test_transformers_get_nncf_defaults_first_and_transformer_mode_on_request(tmp_path: Path) -> None:
     _, path, feeds, sig = bert_tiny_case(tmp_path)
     target = Target(name="cpu-int8", backend="openvino", precision="int8")

@@ -98,9 +98,25 @@ _ATTENTION_OPS = {"ScaledDotProductAttention", "Softmax", "SoftMax"}
 
 
 def is_transformer(model: ov.Model) -> bool:
-    """Attention in the graph, beside two or more MatMuls."""
-    types = [op.get_type_name() for op in model.get_ops()]
-    return bool(_ATTENTION_OPS & set(types)) and types.count("MatMul") >= 2
+    """Attention in the graph: OpenVINO's fused ScaledDotProductAttention, or a softmax whose
+    probabilities a MatMul multiplies with the values. A classifier head's softmax feeds the output,
+    not a MatMul: MTCNN's ONet (convolutions, four Linear layers, a softmax) read as a transformer
+    while any softmax beside two MatMuls counted, and its failed int8 took the transformer remedies."""
+    ops = list(model.get_ops())
+    if any(op.get_type_name() == "ScaledDotProductAttention" for op in ops):
+        return True
+
+    def after_softmax(op: Any) -> bool:
+        for port in op.inputs():
+            node = port.get_source_output().get_node()
+            while node.get_type_name() == "Convert":  # a float16 graph's casts around the softmax
+                node = node.input_value(0).get_node()
+            if node.get_type_name() in _ATTENTION_OPS:
+                return True
+        return False
+
+    matmuls = [op for op in ops if op.get_type_name() == "MatMul"]
+    return len(matmuls) >= 2 and any(after_softmax(op) for op in matmuls)
 
 
 def runtime_properties(
