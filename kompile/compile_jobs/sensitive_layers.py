@@ -45,12 +45,23 @@ def sensitive_layers(
             return True
         return hops > 0 and any(graph.kind(c) == "Add" and feeds_norm(c, hops - 1) for c in nexts)
 
-    def after_attention(node: Node) -> bool:
-        return any(graph.kind(p) in attention for p in graph.parents(node))
-
     keep = {id(n) for n in layers[:1] + layers[-1:]}
-    keep |= {id(n) for n in layers if after_attention(n) or feeds_norm(n)}
+    keep |= {id(n) for n in layers if after_attention(graph, n, attention) or feeds_norm(n)}
     return [n for n in layers if id(n) in keep]
+
+
+def after_attention(
+    graph: GraphView[Node], node: Node, attention: Collection[str], through: Collection[str] = ()
+) -> bool:
+    """Whether `node` reads an attention op's output (op types `attention`: a softmax), directly or
+    across ops of the types `through` (casts): the product of attention's probabilities with the
+    values. A classifier head's softmax feeds the graph's output instead."""
+    for parent in graph.parents(node):
+        while graph.kind(parent) in through and graph.parents(parent):
+            parent = graph.parents(parent)[0]
+        if graph.kind(parent) in attention:
+            return True
+    return False
 
 
 def output_tail(graph: GraphView[Node], weighted: Collection[str], norms: Collection[str]) -> list[Node]:

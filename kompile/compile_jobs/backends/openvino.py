@@ -39,7 +39,7 @@ from kompile.compile_jobs.backends.base import (
 )
 from kompile.compile_jobs.cores import available_cores
 from kompile.compile_jobs.hardware import cpu_description, has_fast_bf16
-from kompile.compile_jobs.sensitive_layers import GraphView, sensitive_layers
+from kompile.compile_jobs.sensitive_layers import GraphView, after_attention, sensitive_layers
 from kompile.compile_jobs.user_code import first_line
 from kompile.compile_jobs.validate import compare, headroom
 
@@ -102,21 +102,14 @@ def is_transformer(model: ov.Model) -> bool:
     probabilities a MatMul multiplies with the values. A classifier head's softmax feeds the output,
     not a MatMul: MTCNN's ONet (convolutions, four Linear layers, a softmax) read as a transformer
     while any softmax beside two MatMuls counted, and its failed int8 took the transformer remedies."""
-    ops = list(model.get_ops())
-    if any(op.get_type_name() == "ScaledDotProductAttention" for op in ops):
+    view = _graph_view(model)
+    if any(view.kind(op) == "ScaledDotProductAttention" for op in view.nodes):
         return True
-
-    def after_softmax(op: Any) -> bool:
-        for port in op.inputs():
-            node = port.get_source_output().get_node()
-            while node.get_type_name() == "Convert":  # a float16 graph's casts around the softmax
-                node = node.input_value(0).get_node()
-            if node.get_type_name() in _ATTENTION_OPS:
-                return True
-        return False
-
-    matmuls = [op for op in ops if op.get_type_name() == "MatMul"]
-    return len(matmuls) >= 2 and any(after_softmax(op) for op in matmuls)
+    matmuls = [op for op in view.nodes if view.kind(op) == "MatMul"]
+    # Through Converts: a float16 graph's casts around a softmax computed in float32.
+    return len(matmuls) >= 2 and any(
+        after_attention(view, op, _ATTENTION_OPS, ("Convert",)) for op in matmuls
+    )
 
 
 def runtime_properties(
@@ -248,13 +241,18 @@ def sensitive_matmuls(model: ov.Model) -> list[str]:
     """Names of the MatMuls `keepFloat: sensitive` leaves out of int8: the rule of
     kompile.compile_jobs.sensitive_layers over OpenVINO's graph. On all-MiniLM-L6-v2 these took
     min cosine from 0.81 to 0.998 (measured on real sentences)."""
-    view = GraphView(
+    view = _graph_view(model)
+    return [m.get_friendly_name() for m in sensitive_layers(view, ("MatMul",), _NORM_TYPES, _ATTENTION_OPS)]
+
+
+def _graph_view(model: ov.Model) -> GraphView[Any]:
+    """OpenVINO's graph as kompile.compile_jobs.sensitive_layers walks it."""
+    return GraphView(
         nodes=list(model.get_ordered_ops()),
         kind=lambda op: str(op.get_type_name()),
         consumers=lambda op: [t.get_node() for out in op.outputs() for t in out.get_target_inputs()],
         parents=lambda op: [i.get_source_output().get_node() for i in op.inputs()],
     )
-    return [m.get_friendly_name() for m in sensitive_layers(view, ("MatMul",), _NORM_TYPES, _ATTENTION_OPS)]
 
 
 # Ops that carry a weight from its Constant to the layer that uses it.
