@@ -117,7 +117,9 @@ class OutputCheck(ApiModel):
         "it, and says where static int8 held it out of calibration).",
     )
     top_k_agreement: float | None = Field(
-        default=None, description="Share of samples whose top-k classes match (classifier outputs)."
+        default=None,
+        description="Share of samples whose source top-1 class is among the artifact's top-k (or "
+        "within fp32's resolution, 1e-3 per unit of scale, of the k-th: a near-tie) (classifier outputs).",
     )
     top_k: int | None = Field(
         default=None,
@@ -181,7 +183,10 @@ class TaskAccuracy(ApiModel):
     output: str = Field(description="Output read as class scores (its argmax is the prediction).")
     labelled: int = Field(description="Number of labelled samples.")
     reference: float = Field(description="The source model's accuracy, in percent.")
-    accuracy: float = Field(description="The artifact's accuracy, in percent.")
+    accuracy: float = Field(
+        description="The artifact's accuracy, in percent (a near-tie it breaks the other way, scores "
+        "within 1e-3 per unit of the output's scale, read as the source's answer)."
+    )
     drop: float = Field(description="reference - accuracy, in percentage points.")
 
 

@@ -233,10 +233,19 @@ def _detections(pairs: list[tuple[Array, Array]], t: Thresholds) -> DetectionChe
     return DetectionCheck(required=got.required, found=got.found, extra=got.extra, agreement=got.share)
 
 
+def _score_rows(samples: Sequence[Sequence[Array]], j: int) -> Array:
+    """Output j's rows of class scores, in sample order: [rows, classes]; an empty array where
+    its samples disagree in class count (an artifact's misshapen output)."""
+    rows = [np.asarray(s[j], dtype=np.float64) for s in samples]
+    if any(r.ndim == 0 for r in rows) or len({r.shape[-1] for r in rows}) > 1:
+        return np.empty((0, 0))
+    return np.concatenate([r.reshape(-1, r.shape[-1]) for r in rows])
+
+
 def _predictions(samples: Sequence[Sequence[Array]], j: int) -> Array:
     """argmax of output j, one per row, in sample order."""
-    rows = [np.asarray(s[j]) for s in samples]
-    return np.concatenate([np.argmax(r.reshape(-1, r.shape[-1]), axis=-1) for r in rows])
+    predictions: Array = np.argmax(_score_rows(samples, j), axis=-1)
+    return predictions
 
 
 def _labelled_output(
@@ -292,17 +301,22 @@ def task_accuracy(
     output_names: Sequence[str],
     labels: Array,
 ) -> tuple[TaskAccuracy | None, str | None]:
-    """Accuracy of the source and of the artifact on `labels`, read from the first output that holds
-    one row of class scores per label; or the reason none can be read."""
+    """Accuracy of the source and of the artifact on `labels`, read from the output that answers
+    them (_labelled_output), a near-tie read as the source's answer; or the reason none can be read."""
     labels = np.asarray(labels).reshape(-1)
     found = _labelled_output(reference, output_names, labels)
     if found is None:
         return None, labels_problem(reference, output_names, labels)
     j, name = found[0], output_names[found[0]]
-    ref = _predictions(reference, j)
-    cand = _predictions(candidate, j)
-    if cand.shape != ref.shape:
+    ref_rows, cand_rows = _score_rows(reference, j), _score_rows(candidate, j)
+    if cand_rows.shape != ref_rows.shape:
         return None, f"output {name!r}: the artifact's predictions do not match the labels in number"
+    ref = np.argmax(ref_rows, axis=-1)
+    cand = np.argmax(cand_rows, axis=-1)
+    # A near-tie the artifact breaks the other way is the source's answer (as in top-k agreement).
+    tie = tie_resolution(max(1.0, float(np.abs(ref_rows).max(initial=0.0))))
+    tied = np.take_along_axis(cand_rows, ref[:, None], axis=-1)[:, 0] >= cand_rows.max(axis=-1) - tie
+    cand = np.where(tied, ref, cand)
     ref_acc = float(np.mean(ref == labels)) * 100
     acc = float(np.mean(cand == labels)) * 100
     return TaskAccuracy(
@@ -444,7 +458,8 @@ def _measure(
         if rows and (worst is None or min(rows) < worst[0]):
             worst = (min(rows), i)
         if classify:
-            agree.extend(_top_k_agree(ref, cand, effective_top_k(thresholds.top_k, cand)))
+            k = effective_top_k(thresholds.top_k, cand)
+            agree.extend(_top_k_agree(ref, cand, k, tie_resolution(scale)))
     return OutputCheck(
         name=name,
         max_abs_error=max_abs,
@@ -566,8 +581,9 @@ def effective_top_k(k: int, scores: Array) -> int:
     return max(1, min(k, int(scores.shape[-1]) - 1))
 
 
-def _top_k_agree(ref: Array, cand: Array, k: int) -> list[bool]:
-    """A sample agrees when the reference's top-1 class is among the candidate's top-k classes.
+def _top_k_agree(ref: Array, cand: Array, k: int, tie: float) -> list[bool]:
+    """A sample agrees when the reference's top-1 class is among the candidate's top-k classes, or
+    scores within `tie` of the k-th of them (a near-tie, which argmax breaks by position).
 
     Set equality of the top-k is brittle on near-ties deep in the list; asking that the source's
     answer survives in the artifact's top-k is what a classifier's user checks.
@@ -575,8 +591,16 @@ def _top_k_agree(ref: Array, cand: Array, k: int) -> list[bool]:
     r = ref.reshape(-1, ref.shape[-1])
     c = cand.reshape(-1, cand.shape[-1])
     top1 = np.argmax(r, axis=-1)
-    topk = np.argsort(-c, axis=-1, kind="stable")[:, :k]
-    return [bool(t in row) for t, row in zip(top1, topk, strict=True)]
+    kth = -np.sort(-c, axis=-1)[:, k - 1]
+    return [bool(c[i, t] >= kth[i] - tie) for i, t in enumerate(top1)]
+
+
+def tie_resolution(scale: float) -> float:
+    """Scores closer than this are a tie: fp32's resolution (1e-3 per unit of the output's scale),
+    which the fp32 element limit already lets either way. A sigmoid head saturates to 1.0 in
+    float32, so two classes can tie exactly in the source and an exact artifact break the tie the
+    other way."""
+    return FP32_SCALED_ERROR * scale
 
 
 def _at(check: OutputCheck, held_out: Collection[int]) -> str:

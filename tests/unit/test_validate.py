@@ -135,6 +135,47 @@ def test_top_k_agreement_on_auto_detected_class_scores() -> None:
     assert any("top-2 agreement 0.500 < limit 0.750" in f for f in result.failures)
 
 
+def test_a_near_tie_the_artifact_breaks_the_other_way_is_not_a_disagreement() -> None:
+    """Found by reading: fp32 holds [N, C] outputs to top-1 agreement 1.0, and argmax breaks an
+    exact tie by position. A sigmoid head saturates to 1.0 in float32, so two classes tie in the
+    source; an exact artifact one float32 step lower on the first flipped the answer and was refused
+    with a max abs error of 6e-8. Scores within fp32's resolution of each other (1e-3 per unit of the
+    output's scale) are a tie: either answer agrees. A real flip still fails."""
+    one_below = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+    ref = [[np.array([[1.0, 1.0, 0.2], [0.1, 0.9, 0.3]])]]
+    tied = [[np.array([[one_below, 1.0, 0.2], [0.1, 0.9, 0.3]])]]
+    exact = compare(ref, tied, ["probs"], default_thresholds("fp32"))
+    assert exact.passed and exact.outputs[0].top_k_agreement == 1.0, exact.failures
+    flipped = [[np.array([[0.99, 1.0, 0.2], [0.1, 0.9, 0.3]])]]
+    t = resolve_thresholds("fp32", Tolerances(max_abs_error=0.1))
+    result = compare(ref, flipped, ["probs"], t)
+    assert result.outputs[0].top_k_agreement == 0.5
+    assert "output 'probs': top-1 agreement 0.500 < limit 1.000" in result.failures, result.failures
+
+
+def test_a_near_tie_is_read_as_the_sources_answer_in_the_task_accuracy() -> None:
+    """The same tie under labels: one flip in 200 samples is 0.5 points, fp32 allows 0.1."""
+    one_below = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+    labels = np.zeros(200, dtype=np.int64)
+    ref = [[np.array([[1.0, 1.0, 0.2]])] for _ in labels]
+    cand = [[np.array([[one_below, 1.0, 0.2]])], *ref[1:]]
+    verdict = compare(ref, cand, ["probs"], default_thresholds("fp32"), labels=labels)
+    assert verdict.passed, verdict.failures
+    acc = verdict.task_accuracy
+    assert acc is not None and (acc.reference, acc.accuracy, acc.drop) == (100.0, 100.0, 0.0), acc
+    # Beyond fp32's resolution the flip counts.
+    moved = [[np.array([[0.9, 1.0, 0.2]])], *ref[1:]]
+    t = resolve_thresholds("fp32", Tolerances(max_abs_error=0.2))
+    refused = compare(ref, moved, ["probs"], t, labels=labels, task="none")
+    assert refused.task_accuracy is not None and refused.task_accuracy.drop == pytest.approx(0.5)
+    assert any("a drop of 0.50 points > limit 0.1" in f for f in refused.failures), refused.failures
+    # An artifact whose class count differs in one sample is told, not read.
+    misshapen = [[np.array([[1.0, 1.0]])], *ref[1:]]
+    told = compare(ref, misshapen, ["probs"], default_thresholds("fp32"), labels=labels)
+    assert told.task_accuracy is None
+    assert "output 'probs': the artifact's predictions do not match the labels in number" in told.failures
+
+
 def test_task_decides_whether_top_k_is_measured() -> None:
     hidden = _rng_outputs((1, 4, 8))  # 3-D hidden states: not class scores under auto
     assert compare(hidden, hidden, ["h"], default_thresholds("fp32")).outputs[0].top_k_agreement is None
