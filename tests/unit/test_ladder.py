@@ -267,9 +267,9 @@ def test_openvino_tries_accuracy_control_first_where_int8_weights_would_compute_
         "sensitiveMatMuls": "0",
         "matmulWeightShare": "0.00",
     }
-    slow_first = ["accuracy-control", "weights-only", "weights-only-fine"]
+    slow_first = ["accuracy-control", "weights-only"]
     assert remedies(False, **conv) == slow_first
-    assert remedies(True, **conv) == ["weights-only", "weights-only-fine", "accuracy-control"]
+    assert remedies(True, **conv) == ["weights-only", "accuracy-control"]
     # The failed build's float layers ran at f32 (floatPrecision fp32 asked for on a bf16 CPU).
     assert remedies(True, **conv, **{"runtime.INFERENCE_PRECISION_HINT": "f32"}) == slow_first
     assert remedies(False, **conv, **{"runtime.INFERENCE_PRECISION_HINT": "bf16"})[0] == "weights-only"
@@ -282,4 +282,29 @@ def test_openvino_tries_accuracy_control_first_where_int8_weights_would_compute_
         "accuracy-control",
     ]
     unknown = {k: v for k, v in conv.items() if k != "matmulWeightShare"}  # built before it was recorded
-    assert remedies(False, **unknown)[0] == "weights-only"
+    assert remedies(False, **unknown)[:2] == ["weights-only", "weights-only-fine"]
+
+
+def test_openvino_builds_finer_activation_groups_only_where_a_matmul_has_weights(
+    monkeypatch,
+) -> None:  # type: ignore[no-untyped-def]
+    """Found by running Silero VAD's sequence model (silero-vad's silero_vad_16k_sequence.onnx:
+    convolutions and an LSTM, no MatMul) at int8 on an AVX-512 BF16 CPU: weights-only and
+    weights-only-fine failed with the same figures (cosine 0.804934, max abs error 0.602), one build
+    twice. The activation group size is how OpenVINO quantizes a MatMul's activations on the fly
+    (FullyConnected alone): with no MatMul weights the finer groups change nothing."""
+    pytest.importorskip("openvino")
+    from pathlib import Path
+
+    from kompile.compile_jobs.backends import openvino
+    from kompile.compile_jobs.backends.base import CompiledArtifact
+
+    monkeypatch.setattr(openvino, "has_fast_bf16", lambda: True)
+
+    def remedies(share: str) -> list[str]:
+        options = {"quantization": "nncf-ptq", "graph": "other", "matmulWeightShare": share}
+        artifact = CompiledArtifact(backend="openvino", model_path=Path("model.xml"), options=options)
+        return [r.name for r in openvino.BACKEND.remedies(artifact)]
+
+    assert remedies("0.00") == ["keep-sensitive", "weights-only", "accuracy-control"]
+    assert remedies("0.08") == ["keep-sensitive", "weights-only", "weights-only-fine", "accuracy-control"]

@@ -579,6 +579,9 @@ class OpenVinoBackend(Backend):
             # Nothing to keep: the build would be the failed plain int8 again (NudeNet's YOLOv8n).
             "keep-sensitive": o.get("keepFloat") == "sensitive" or o.get("sensitiveMatMuls") == "0",
             "accuracy-control": o.get("accuracyControl") == "true",
+            # Activation groups are how a MatMul's activations go int8 on the fly: with no MatMul
+            # weights the finer groups build the coarse artifact again (Silero VAD's conv+LSTM).
+            "weights-only-fine": float(o.get("matmulWeightShare", "1")) == 0.0,
         }
         return [steps[name] for name in order if not skip.get(name, False)]
 
