@@ -308,3 +308,28 @@ def test_openvino_builds_finer_activation_groups_only_where_a_matmul_has_weights
 
     assert remedies("0.00") == ["keep-sensitive", "weights-only", "accuracy-control"]
     assert remedies("0.08") == ["keep-sensitive", "weights-only", "weights-only-fine", "accuracy-control"]
+
+
+def test_openvino_accuracy_control_ships_the_float_precision_it_measured(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Found by CI on an AMD EPYC with AVX-512 BF16 (one core per test worker): NNCF's accuracy
+    control compiles its checks at f32 (its use_fp32_precision), but an explicit `accuracyControl`
+    candidate's float layers ran at floatPrecision auto, bf16 on that CPU. NudeNet's tuned artifact
+    found the source's 10 detections and no other at f32, and added one at bf16: refused. Under
+    accuracy control auto is fp32, the precision measured; bf16 beside it is refused before a build."""
+    pytest.importorskip("openvino")
+    from kompile.api.catalog.openvino import OpenVinoOptions
+    from kompile.compile_jobs.backends import openvino
+
+    monkeypatch.setattr(openvino, "has_fast_bf16", lambda: True)
+    controlled = OpenVinoOptions.model_validate({"accuracyControl": "true"})
+    assert openvino.runtime_properties("int8", controlled, 1)["INFERENCE_PRECISION_HINT"] == "f32"
+    assert openvino.runtime_properties("int8", OpenVinoOptions(), 1)["INFERENCE_PRECISION_HINT"] == "bf16"
+    with pytest.raises(ValueError, match="accuracy control measures each layer at fp32"):
+        Target.model_validate(
+            {
+                "name": "cpu",
+                "backend": "openvino",
+                "precision": "int8",
+                "options": {"accuracyControl": "true", "floatPrecision": "bf16"},
+            }
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kompile.api.catalog.base import BackendEntry, BackendOptions, Count, Flag, Serving
 
@@ -51,7 +51,7 @@ class OpenVinoOptions(BackendOptions):
         default="auto",
         description="int8: the precision the layers left in float run at; bf16 makes a mixed "
         "int8/bf16 artifact (CPUs with AVX-512 BF16 or AMX only); auto: bf16 where the CPU has it "
-        "(OpenVINO's own default there), else fp32.",
+        "(OpenVINO's own default there), else fp32; fp32 under accuracyControl, which measures there.",
     )
     activation_group_size: Literal["auto", "off", "16", "32", "64", "128", "256"] = Field(
         default="auto",
@@ -60,6 +60,25 @@ class OpenVinoOptions(BackendOptions):
         "fly for its int8 weights; larger groups run faster and lose more accuracy; off: activations "
         "stay in float; auto: OpenVINO's default for the CPU.",
     )
+
+    @model_validator(mode="after")
+    def _measured_precision(self) -> OpenVinoOptions:
+        # NNCF's accuracy control compiles its checks at f32: a bf16 artifact would ship float
+        # layers it never measured (NudeNet on AVX-512 BF16: one detection added at bf16).
+        if self.accuracy_control and self.float_precision == "bf16":
+            raise ValueError(
+                "accuracyControl with floatPrecision bf16: accuracy control measures each layer at fp32 "
+                "(NNCF compiles its checks so), and a bf16 artifact would ship what it did not measure; "
+                "leave floatPrecision auto (fp32 under accuracy control) or set fp32"
+            )
+        return self
+
+    def floats(self, fast_bf16: bool) -> Literal["fp32", "bf16"]:
+        """The precision an int8 artifact's float layers run at: floatPrecision, auto resolved (bf16
+        where the CPU has it fast, fp32 under accuracy control, which measures at fp32)."""
+        if self.float_precision != "auto":
+            return self.float_precision
+        return "bf16" if fast_bf16 and not self.accuracy_control else "fp32"
 
 
 ENTRY = BackendEntry(

@@ -117,9 +117,7 @@ def runtime_properties(
 ) -> dict[str, str]:
     # An int8 model's float layers run at floatPrecision: bf16 there is mixed int8/bf16, what
     # OpenVINO itself does on a CPU with bf16 (plain NNCF int8 on BERT-base ran 6% faster so).
-    floats = opts.float_precision
-    if floats == "auto":
-        floats = "bf16" if has_fast_bf16() else "fp32"
+    floats = opts.floats(has_fast_bf16())
     hint = _PRECISION_HINT[precision] if precision != "int8" else _PRECISION_HINT[floats]
     properties = {
         "PERFORMANCE_HINT": opts.performance_hint.upper(),
