@@ -312,11 +312,9 @@ def task_accuracy(
     if cand_rows.shape != ref_rows.shape:
         return None, f"output {name!r}: the artifact's predictions do not match the labels in number"
     ref = np.argmax(ref_rows, axis=-1)
-    cand = np.argmax(cand_rows, axis=-1)
     # A near-tie the artifact breaks the other way is the source's answer (as in top-k agreement).
     tie = tie_resolution(max(1.0, float(np.abs(ref_rows).max(initial=0.0))))
-    tied = np.take_along_axis(cand_rows, ref[:, None], axis=-1)[:, 0] >= cand_rows.max(axis=-1) - tie
-    cand = np.where(tied, ref, cand)
+    cand = np.where(_top_k_agree(ref_rows, cand_rows, 1, tie), ref, np.argmax(cand_rows, axis=-1))
     ref_acc = float(np.mean(ref == labels)) * 100
     acc = float(np.mean(cand == labels)) * 100
     return TaskAccuracy(
@@ -459,7 +457,7 @@ def _measure(
             worst = (min(rows), i)
         if classify:
             k = effective_top_k(thresholds.top_k, cand)
-            agree.extend(_top_k_agree(ref, cand, k, tie_resolution(scale)))
+            agree.extend(_top_k_agree(ref, cand, k, tie_resolution(scale)).tolist())
     return OutputCheck(
         name=name,
         max_abs_error=max_abs,
@@ -581,9 +579,9 @@ def effective_top_k(k: int, scores: Array) -> int:
     return max(1, min(k, int(scores.shape[-1]) - 1))
 
 
-def _top_k_agree(ref: Array, cand: Array, k: int, tie: float) -> list[bool]:
-    """A sample agrees when the reference's top-1 class is among the candidate's top-k classes, or
-    scores within `tie` of the k-th of them (a near-tie, which argmax breaks by position).
+def _top_k_agree(ref: Array, cand: Array, k: int, tie: float) -> Array:
+    """Per row of scores: whether the reference's top-1 class is among the candidate's top-k
+    classes, or scores within `tie` of the k-th of them (a near-tie, which argmax breaks by position).
 
     Set equality of the top-k is brittle on near-ties deep in the list; asking that the source's
     answer survives in the artifact's top-k is what a classifier's user checks.
@@ -592,7 +590,8 @@ def _top_k_agree(ref: Array, cand: Array, k: int, tie: float) -> list[bool]:
     c = cand.reshape(-1, cand.shape[-1])
     top1 = np.argmax(r, axis=-1)
     kth = -np.sort(-c, axis=-1)[:, k - 1]
-    return [bool(c[i, t] >= kth[i] - tie) for i, t in enumerate(top1)]
+    agrees: Array = np.take_along_axis(c, top1[:, None], axis=-1)[:, 0] >= kth - tie
+    return agrees
 
 
 def tie_resolution(scale: float) -> float:

@@ -535,6 +535,8 @@ class OpenVinoBackend(Backend):
         hint = o.get("runtime.INFERENCE_PRECISION_HINT") or ("bf16" if has_fast_bf16() else "f32")
         compute = "fp32" if hint == "f32" else hint
         tried_mode = o.get("modelType") == "transformer"
+        # Recorded by the plain build; an artifact built before it was recorded counts as MatMuls.
+        matmul_share = float(o.get("matmulWeightShare", "1"))
         steps = {
             "transformer": Remedy("transformer", "NNCF's transformer mode", mode, "static"),
             # Coarse activation groups first (faster), OpenVINO's finer default if they lose too much.
@@ -566,7 +568,7 @@ class OpenVinoBackend(Backend):
         weights_only = ["weights-only", "weights-only-fine"]
         if transformer:
             order = ["transformer", *weights_only, "keep-sensitive", "accuracy-control"]
-        elif compute == "fp32" and float(o.get("matmulWeightShare", "1")) < _WEIGHTS_ONLY_MATMUL_SHARE:
+        elif compute == "fp32" and matmul_share < _WEIGHTS_ONLY_MATMUL_SHARE:
             # Weights-only would compute the convolutions in fp32, at fp32's speed, and end the
             # climb there: accuracy control's mostly-int8 build first (NudeNet: 4.93 ms vs 8.94).
             order = ["keep-sensitive", "accuracy-control", *weights_only]
@@ -579,7 +581,7 @@ class OpenVinoBackend(Backend):
             "accuracy-control": o.get("accuracyControl") == "true",
             # Activation groups are how a MatMul's activations go int8 on the fly: with no MatMul
             # weights the finer groups build the coarse artifact again (Silero VAD's conv+LSTM).
-            "weights-only-fine": float(o.get("matmulWeightShare", "1")) == 0.0,
+            "weights-only-fine": matmul_share == 0.0,
         }
         return [steps[name] for name in order if not skip.get(name, False)]
 
